@@ -1,0 +1,1 @@
+"""vlmtrain: Hydra-composed MoE-VLM training on Megatron Bridge."""

@@ -1,0 +1,109 @@
+"""Train-time callbacks on Bridge's loop: per-step token counters, step time, memory, losses -> metrics.jsonl.
+
+Counting happens on the collated CPU batch (no GPU sync); counters are summed over the data-parallel group
+once per logged step, so the numbers describe the whole global batch, not one rank's share.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vlmtrain.schema import RunConfig
+
+COUNTERS = ("padded_tokens", "nonpad_tokens", "image_tokens", "text_tokens", "loss_tokens", "images", "vit_patches",
+            "samples")
+
+
+class StepCounters:
+    """Token/image counters of the micro-batches this rank consumed since the last reset."""
+
+    def __init__(self, run: RunConfig):
+        self.run = run
+        self.image_token_id: int | None = None
+        self.samples: list[dict[str, Any]] = []  # per-sample (nonpad length, patches per image) for FLOPs
+        self.reset()
+
+    def reset(self) -> None:
+        self.totals = dict.fromkeys(COUNTERS, 0)
+        self.samples = []
+
+    def padded_length(self, raw_len: int) -> int:
+        """Sequence length the model actually runs: Bridge pads to seq_length with PP>1, EP>1 or graphs."""
+        from vlmtrain import world
+        from vlmtrain.groups import data
+
+        lay = world.layout(self.run)
+        if lay.pp > 1 or lay.ep > 1 or data.pads_to_max_length(self.run):
+            return self.run.train.seq_length
+        return raw_len
+
+    def count(self, batch: dict[str, Any]) -> None:
+        ids = batch["input_ids"]
+        mask = batch.get("attention_mask")
+        nonpad_rows = (mask.sum(dim=1) if mask is not None else (ids != 0).sum(dim=1)).tolist()
+        vis = batch.get("visual_inputs")
+        grid = getattr(vis, "image_grid_thw", None)
+        patches = grid.prod(dim=-1).tolist() if grid is not None else []
+        image_tokens_rows = (ids == self.image_token_id).sum(dim=1).tolist()
+        t = self.totals
+        t["samples"] += ids.shape[0]
+        t["padded_tokens"] += ids.shape[0] * self.padded_length(ids.shape[1])
+        t["nonpad_tokens"] += sum(nonpad_rows)
+        t["image_tokens"] += sum(image_tokens_rows)
+        t["text_tokens"] += sum(nonpad_rows) - sum(image_tokens_rows)
+        t["loss_tokens"] += int(batch["loss_mask"].sum().item())
+        t["images"] += len(patches)
+        t["vit_patches"] += int(sum(patches))
+        # Patches per sample, in order: image_tokens = patches / 4 (2x2 merge) lets us split images by sample.
+        it = iter(patches)
+        for n_tok, n_img_tok in zip(nonpad_rows, image_tokens_rows, strict=True):
+            imgs, acc = [], 0
+            while acc < n_img_tok:
+                p = next(it)
+                imgs.append(p)
+                acc += p // 4
+            self.samples.append({"len": n_tok, "patches": imgs})
+
+    def wrap(self, forward_step: Callable) -> Callable:
+        """A forward step whose data iterator counts every micro-batch it hands to Bridge's step."""
+        counters = self
+
+        class _Counting:
+            def __init__(self, it: Iterator):
+                self.it = it
+
+            def __iter__(self) -> _Counting:
+                return self
+
+            def __next__(self) -> dict[str, Any]:
+                batch = next(self.it)
+                counters.count(batch)
+                return batch
+
+        def step(state: Any, data_iterator: Any, model: Any, return_schedule_plan: bool = False) -> Any:
+            if counters.image_token_id is None:
+                counters.image_token_id = state.cfg.model.image_token_id
+            it = _Counting(data_iterator) if data_iterator is not None else None
+            return forward_step(state, it, model, return_schedule_plan)
+
+        return step
+
+
+def for_run(run: RunConfig, counters: StepCounters) -> list[Any]:
+    from vlmtrain.metrics_callback import MetricsCallback
+
+    return [MetricsCallback(run, counters)]
+
+
+def append_jsonl(path: Path, row: dict[str, Any]) -> None:
+    with path.open("a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def now() -> float:
+    return time.perf_counter()

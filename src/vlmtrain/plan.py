@@ -1,0 +1,86 @@
+"""Dry-run plan: compose -> check -> build -> Bridge finalization on the declared target -> a readable plan.
+
+Exit status is 0 only when preflight and Bridge's own validation both accept the run.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from vlmtrain import groups, preflight, world
+from vlmtrain.groups import hardware
+
+if TYPE_CHECKING:
+    from megatron.bridge.training.config import ConfigContainer
+
+    from vlmtrain.schema import RunConfig
+
+
+def field_value(cfg: Any, path: str) -> Any:
+    obj = cfg
+    for part in path.split("."):
+        obj = getattr(obj, part, None)
+    if path == "model":
+        return type(obj).__name__
+    if path == "dataset":
+        return f"{type(obj).__name__}(pad_to_max_length={getattr(obj, 'pad_to_max_length', None)})"
+    if isinstance(obj, list):
+        return [getattr(x, "name", x) for x in obj]
+    return obj
+
+
+def layout_line(run: RunConfig) -> str:
+    lay = world.layout(run)
+    return (f"{lay.nodes} node(s) x {lay.gpus_per_node} GPUs = {lay.world_size} | TP {lay.tp}  PP {lay.pp}  "
+            f"VPP {lay.vpp or '-'}  CP {lay.cp} | EP {lay.ep}  ETP {lay.etp} | DP {lay.dp}  expert-DP {lay.expert_dp}")
+
+
+def render(run: RunConfig, cfg: ConfigContainer | None, findings: list[preflight.Finding],
+           validation: str) -> str:
+    lay, t = world.layout(run), run.train
+    accum = t.global_batch_size // max(t.micro_batch_size * lay.dp, 1)
+    lines = [
+        f"vlmtrain plan: {run.name}   (declared target: hardware={run.hardware.name}, {lay.world_size} GPUs)",
+        "groups:   " + "  ".join(f"{k}={v}" for k, v in run.choices.items()),
+        f"world:    {layout_line(run)}",
+        f"train:    MBS {t.micro_batch_size}  GBS {t.global_batch_size}  seq {t.seq_length}  "
+        f"grad-accum {accum}  iters {t.iterations}  lr {t.lr}",
+        f"data:     {run.data.kind}" + ("  (MOCK: not a performance run)" if run.data.kind == "mock" else ""),
+        "env:      " + " ".join(f"{k}={v}" for k, v in sorted(hardware.runtime_env(run).items())),
+    ]
+    if cfg is not None:
+        lines.append("Bridge fields by group:")
+        for g in groups.ALL:
+            name = g.__name__.rsplit(".", 1)[1]
+            vals = "  ".join(f"{p}={field_value(cfg, p)}" for p in sorted(g.OWNS))
+            lines.append(f"  {name:<12}{vals}")
+    lines.append("preflight:" + ("" if findings else " no findings"))
+    lines += [f"  {f}" for f in findings]
+    lines.append(f"Bridge validation: {validation}")
+    return "\n".join(lines)
+
+
+def dry_run(run: RunConfig) -> int:
+    """Print the plan; write the resolved Bridge config; return the exit status."""
+    from vlmtrain import build, target
+
+    findings = preflight.check(run)
+    if preflight.errors(findings):
+        print(render(run, None, findings, "not attempted (preflight errors)"))
+        return 2
+    cfg = build.build(run)
+    try:
+        target.finalize(run, cfg)
+    except Exception as e:  # Bridge raises ValueError/AssertionError/RuntimeError from many places
+        groups_hint = " ".join(f"{k}={v}" for k, v in run.choices.items())
+        print(render(run, cfg, findings, f"FAILED for {groups_hint}: {type(e).__name__}: {e}"))
+        return 3
+    out = Path(run.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg.to_yaml(str(out / "bridge_config.yaml"))
+    print(render(run, cfg, findings, f"OK (runtime_config_update); resolved config: {out / 'bridge_config.yaml'}"))
+    print("To train: run the same command on a GPU node (or with dry_run=false); add hydra/launcher=slurm for Slurm.")
+    sys.stdout.flush()
+    return 0

@@ -1,0 +1,23 @@
+"""vlmtrain entry point: `python train.py [group=option ...] [key=value ...]` (see README.md)."""
+
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from vlmtrain.schema import register
+
+register()
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="train")
+def main(cfg: DictConfig) -> None:
+    from vlmtrain.run import main as run_main
+
+    status = run_main(cfg)
+    if status:
+        sys.exit(status)
+
+
+if __name__ == "__main__":
+    main()
