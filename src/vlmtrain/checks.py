@@ -64,8 +64,8 @@ def after_model_build(run: RunConfig, context: Any) -> dict[str, Any]:
         "cuda_graph_modules": [getattr(m, "name", str(m)) for m in (cfg.cuda_graph_modules or [])],
         "params": params,
     }
-    dispatchers = {type(_unwrap(m)).__name__ for c in context.model for m in _unwrap(c).modules()
-                   if "TokenDispatcher" in type(m).__name__}
+    dispatchers = {type(m.token_dispatcher).__name__ for c in context.model for m in _unwrap(c).modules()
+                   if hasattr(m, "token_dispatcher")}
     report["dispatcher_classes"] = sorted(dispatchers)
     expected = {"alltoall": "MoEAlltoAllTokenDispatcher", "hybridep": "MoEFlexTokenDispatcher",
                 "deepep": "MoEFlexTokenDispatcher"}[str(run.dispatcher.backend)]
@@ -102,15 +102,16 @@ def graphed_layers(model_chunks: list[Any]) -> int:
     return sum(1 for c in model_chunks for m in _unwrap(c).modules() if getattr(m, "cuda_graphs", None))
 
 
-def after_training(run: RunConfig, context: Any, frozen_before: dict[str, float]) -> dict[str, Any]:
-    """Frozen towers did not move; requested CUDA graphs were captured."""
+def after_training(run: RunConfig, context: Any, frozen_before: dict[str, float], max_graphed: int) -> dict[str, Any]:
+    """Frozen towers did not move; requested CUDA graphs were captured (Bridge deletes them before the end of
+    training, so `max_graphed` is the most graphed layers seen at any step end)."""
     frozen_after = frozen_checksums(context.model)
     report = {"frozen_unchanged": frozen_after == frozen_before, "frozen_towers": sorted(frozen_before),
-              "graphed_layers": graphed_layers(context.model)}
+              "graphed_layers": max_graphed}
     if not report["frozen_unchanged"]:
         raise SettingNotApplied(f"frozen parameters changed during training: {frozen_before} -> {frozen_after}")
     steps = context.state.train_state.step
-    if run.cuda_graph.modules and steps > run.cuda_graph.warmup_steps and report["graphed_layers"] == 0:
+    if run.cuda_graph.modules and steps > run.cuda_graph.warmup_steps + 1 and max_graphed == 0:
         raise SettingNotApplied(f"cuda_graph={run.choices.get('cuda_graph', run.cuda_graph.modules)} requested but no "
                                 "layer holds a captured CUDA graph.")
     return report

@@ -38,12 +38,13 @@ class MetricsCallback(Callback):
 
         self.report = checks.after_model_build(self.run, context)
         self.frozen_before = checks.frozen_checksums(context.model)
+        self.max_graphed = 0
         self._write_checks()
 
     def on_train_end(self, context: Any) -> None:
         from vlmtrain import checks
 
-        self.report.update(checks.after_training(self.run, context, self.frozen_before))
+        self.report.update(checks.after_training(self.run, context, self.frozen_before, self.max_graphed))
         self._write_checks()
 
     def _write_checks(self) -> None:
@@ -62,8 +63,12 @@ class MetricsCallback(Callback):
         import torch.distributed as dist
         from megatron.core import parallel_state
 
+        from vlmtrain import checks
+
         torch.cuda.synchronize()
         step_s = time.perf_counter() - self.t0
+        if self.run.cuda_graph.modules:
+            self.max_graphed = max(self.max_graphed, checks.graphed_layers(context.model))
         fl = metrics.step_flops(self.run, self.counters.samples)
         local = [float(self.counters.totals[k]) for k in COUNTERS] + [fl.vit, fl.projector, fl.decoder]
         vec = torch.tensor(local, dtype=torch.float64, device="cuda")
