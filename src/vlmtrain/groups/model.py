@@ -14,6 +14,7 @@ exact one Bridge would build for the published model.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
@@ -84,8 +85,10 @@ class ModelConfig:
     """Qwen3.5 only."""
 
 
+@functools.cache
 def _token_ids(processor_dir: str | None) -> dict[str, int]:
-    """Special-token ids of the tokenizer the data is processed with (Qwen3's unless told otherwise)."""
+    """Special-token ids of the tokenizer the data is processed with (Qwen3's unless told otherwise); cached,
+    since loading the 151k-token tokenizer takes seconds."""
     if processor_dir is None:
         return {"image_token_id": 151655, "video_token_id": 151656, "vision_start_token_id": 151652,
                 "vision_end_token_id": 151653, "bos_token_id": 151643, "eos_token_id": 151645}

@@ -1,0 +1,181 @@
+"""Every option of every group writes the expected fields on the real, Bridge-finalized ConfigContainer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from vlmtrain import build, groups, preflight, target
+
+# (overrides, {bridge field path: expected value after Bridge's finalization})
+TABLE: list[tuple[list[str], dict[str, object]]] = [
+    (["parallelism=fsdp"], {
+        "ddp.use_megatron_fsdp": True, "dist.use_megatron_fsdp": True,
+        "ddp.data_parallel_sharding_strategy": "optim_grads_params", "checkpoint.ckpt_format": "fsdp_dtensor",
+        "model.tensor_model_parallel_size": 1, "model.pipeline_model_parallel_size": 1,
+        "model.context_parallel_size": 1, "model.expert_model_parallel_size": 8,
+        "model.expert_tensor_parallel_size": 1, "model.init_model_with_meta_device": True,
+        "ddp.average_in_collective": False, "data_parallel_size": 8}),
+    (["parallelism=3d", "parallelism.tp=2", "parallelism.pp=2", "parallelism.ep=2"], {
+        "ddp.use_megatron_fsdp": False, "dist.use_megatron_fsdp": False, "checkpoint.ckpt_format": "torch_dist",
+        "model.tensor_model_parallel_size": 2, "model.pipeline_model_parallel_size": 2,
+        "model.expert_model_parallel_size": 2, "model.sequence_parallel": True,
+        "ddp.use_distributed_optimizer": True, "data_parallel_size": 2}),
+    (["parallelism=3d", "parallelism.ep=4", "parallelism.etp=2"], {
+        "model.expert_model_parallel_size": 4, "model.expert_tensor_parallel_size": 2}),
+    (["hardware=gb200"], {"env_vars.CUDA_DEVICE_MAX_CONNECTIONS": "32", "env_vars.NCCL_GRAPH_REGISTER": "0",
+                          "model.moe_token_dispatcher_type": "flex", "model.moe_flex_dispatcher_backend": "hybridep",
+                          "env_vars.USE_MNNVL": "1", "env_vars.NVLINK_DOMAIN_SIZE": "72",
+                          "env_vars.NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN": "4", "data_parallel_size": 4}),
+    (["hardware=b200"], {"env_vars.NVTE_FWD_LAYERNORM_SM_MARGIN": "20", "model.moe_token_dispatcher_type": "alltoall"}),
+    (["hardware=h100"], {"env_vars.CUDA_DEVICE_MAX_CONNECTIONS": "32", "model.moe_token_dispatcher_type": "alltoall"}),
+    (["hardware=h200"], {"env_vars.PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}),
+    (["dispatcher=alltoall"], {"model.moe_token_dispatcher_type": "alltoall", "model.moe_flex_dispatcher_backend": None}),
+    (["dispatcher=hybridep", "nodes=2", "train.global_batch_size=16"], {
+        "model.moe_token_dispatcher_type": "flex", "model.moe_flex_dispatcher_backend": "hybridep",
+        "model.moe_flex_dispatcher_num_sms": 32, "model.moe_shared_expert_overlap": False,
+        "env_vars.NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN": "8", "env_vars.NVLINK_DOMAIN_SIZE": "8",
+        "env_vars.USE_MNNVL": "0"}),
+    (["dispatcher=deepep"], {"model.moe_token_dispatcher_type": "flex", "model.moe_flex_dispatcher_backend": "deepep",
+                             "model.moe_flex_dispatcher_num_sms": 20}),
+    (["dispatcher=auto"], {"model.moe_token_dispatcher_type": "alltoall"}),
+    (["recompute=none"], {"model.recompute_granularity": None, "model.recompute_modules": [],
+                          "model.recompute_method": None, "model.recompute_num_layers": None}),
+    (["recompute=selective"], {"model.recompute_granularity": "selective",
+                               "model.recompute_modules": ["core_attn", "moe_act", "layernorm"]}),
+    (["recompute=full"], {"model.recompute_granularity": "full", "model.recompute_method": "uniform",
+                          "model.recompute_num_layers": 1}),
+    (["cuda_graph=none"], {"model.cuda_graph_impl": "none", "model.cuda_graph_modules": [],
+                           "rng.te_rng_tracker": False}),
+    (["cuda_graph=moe_router_preprocess"], {
+        "model.cuda_graph_impl": "transformer_engine", "model.cuda_graph_modules": ["moe_router", "moe_preprocess"],
+        "rng.te_rng_tracker": True, "model.use_te_rng_tracker": True, "dataset.pad_to_max_length": True,
+        "env_vars.NCCL_GRAPH_REGISTER": "0"}),
+    (["cuda_graph=attn_moe_router_preprocess", "model=qwen35_vl_35b_a3b"], {
+        "model.cuda_graph_impl": "transformer_engine",
+        "model.cuda_graph_modules": ["attn", "moe_router", "moe_preprocess"]}),
+    (["vision=trainable"], {"model.freeze_vision_model": False, "model.freeze_vision_projection": False,
+                            "model.freeze_language_model": False}),
+    (["vision=frozen"], {"model.freeze_vision_model": True, "model.freeze_vision_projection": False,
+                         "model.freeze_language_model": False}),
+    (["vision=frozen_with_projector"], {"model.freeze_vision_model": True, "model.freeze_vision_projection": True,
+                                        "model.freeze_language_model": False}),
+    (["model=tiny"], {"model.num_layers": 4, "model.hidden_size": 256, "model.num_moe_experts": 8,
+                      "model.moe_router_topk": 2, "model.vision_config.depth": 2, "model.seq_length": 4096}),
+    (["model=qwen3_vl_30b_a3b"], {
+        "model.num_layers": 48, "model.hidden_size": 2048, "model.num_attention_heads": 32,
+        "model.num_query_groups": 4, "model.kv_channels": 128, "model.num_moe_experts": 128,
+        "model.moe_router_topk": 8, "model.moe_ffn_hidden_size": 768, "model.vision_config.depth": 27,
+        "model.vision_config.out_hidden_size": 2048, "model.mrope_section": [24, 20, 20],
+        "model.gradient_accumulation_fusion": False, "model.apply_rope_fusion": False}),
+    (["model=qwen3_vl_30b_a3b", "model.num_layers=8"], {"model.num_layers": 8, "model.vision_config.depth": 27}),
+    (["model=qwen3_vl_235b_a22b", "nodes=4", "train.global_batch_size=32"], {"model.num_layers": 94, "model.hidden_size": 4096,
+                                               "model.num_attention_heads": 64, "model.moe_ffn_hidden_size": 1536}),
+    (["model=qwen35_vl_35b_a3b"], {"model.num_layers": 40, "model.num_moe_experts": 256,
+                                   "model.moe_shared_expert_intermediate_size": 512, "model.mrope_section": [11, 11, 10],
+                                   "model.experimental_attention_variant": "gated_delta_net"}),
+    (["data=mock"], {"dataset.num_images": 1, "dataset.image_size": (256, 256)}),
+    (["data=sample"], {"dataset.source.path_or_dataset": "json", "dataset.hf_processor_path": "<processor>"}),
+    (["data=realistic", "data.payload.num_samples=8"], {"dataset.source.path_or_dataset": "json"}),
+    (["data=hf", "data.path=cord_v2"], {"dataset.source.dataset_name": "cord_v2"}),
+    (["train.micro_batch_size=2", "train.global_batch_size=32", "train.seq_length=2048", "train.iterations=50",
+      "train.lr=3e-4"], {
+        "train.micro_batch_size": 2, "train.global_batch_size": 32, "model.seq_length": 2048,
+        "dataset.seq_length": 2048, "train.train_iters": 50, "optimizer.lr": 3e-4, "scheduler.lr_decay_iters": 50}),
+    (["+bridge.model.moe_aux_loss_coeff=0.0", "+bridge.train.manual_gc_interval=7"], {
+        "model.moe_aux_loss_coeff": 0.0, "train.manual_gc_interval": 7}),
+    (["experiment=fsdp_first_gb200"], {"model.num_layers": 94, "model.expert_model_parallel_size": 64,
+                                       "ddp.use_megatron_fsdp": True, "model.recompute_granularity": "full",
+                                       "model.moe_flex_dispatcher_backend": "hybridep", "data_parallel_size": 64,
+                                       "env_vars.NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN": "64"}),
+    (["experiment=3d_gb200"], {"model.expert_model_parallel_size": 8, "ddp.use_megatron_fsdp": False,
+                               "model.cuda_graph_modules": ["moe_router", "moe_preprocess"],
+                               "train.global_batch_size": 1024, "data_parallel_size": 64}),
+]
+
+
+def get(cfg: object, path: str) -> object:
+    obj = cfg
+    for part in path.split("."):
+        obj = obj[part] if isinstance(obj, dict) else getattr(obj, part)
+    if isinstance(obj, list):
+        return [getattr(x, "name", x) for x in obj]
+    return obj
+
+
+@pytest.mark.parametrize(("overrides", "expected"), TABLE, ids=[" ".join(o) for o, _ in TABLE])
+def test_option_sets_bridge_fields(compose, bridge, overrides, expected, tmp_path):
+    run = compose(*overrides, output_dir=str(tmp_path))
+    assert not preflight.errors(preflight.check(run))
+    cfg = build.build(run)
+    target.finalize(run, cfg)
+    for path, value in expected.items():
+        if value == "<processor>":
+            assert Path(get(cfg, path)).is_dir(), path
+        else:
+            assert get(cfg, path) == value, f"{path}: {get(cfg, path)!r} != {value!r}"
+
+
+def test_owns_sets_are_disjoint():
+    seen: dict[str, str] = {}
+    for g in groups.ALL:
+        for path in g.OWNS:
+            assert path not in seen, f"{path} owned by {seen.get(path)} and {g.__name__}"
+            seen[path] = g.__name__
+
+
+def _flat(d: object, prefix: str = "") -> dict[str, object]:
+    if isinstance(d, dict):
+        return {k: v for key, val in d.items() for k, v in _flat(val, f"{prefix}.{key}" if prefix else key).items()}
+    return {prefix: json.dumps(d, default=str, sort_keys=True)}
+
+
+# Pairs of runs that differ in one group only: applying the second option onto the first run's container may
+# change only fields that group OWNS.
+SWAPS = [
+    ("parallelism", ["parallelism=fsdp"], ["parallelism=3d", "parallelism.tp=2", "parallelism.ep=2"]),
+    ("dispatcher", ["dispatcher=alltoall"], ["dispatcher=hybridep"]),
+    ("recompute", ["recompute=none"], ["recompute=full"]),
+    ("cuda_graph", ["cuda_graph=none"], ["cuda_graph=moe_router_preprocess"]),
+    ("vision", ["vision=trainable"], ["vision=frozen_with_projector"]),
+    ("train", [], ["train.micro_batch_size=2", "train.iterations=7", "train.save_interval=5"]),
+]
+
+
+@pytest.mark.parametrize(("group", "before", "after"), SWAPS, ids=[s[0] for s in SWAPS])
+def test_apply_writes_only_owned_fields(compose, bridge, group, before, after):
+    module = getattr(groups, group)
+    cfg = build.build(compose(*before))
+    snapshot = _flat(cfg.to_dict())
+    module.apply(compose(*after), cfg)
+    changed = {k for k, v in _flat(cfg.to_dict()).items() if snapshot.get(k) != v}
+    assert changed, f"{group}: switching options changed nothing"
+    stray = {k for k in changed if not any(k == o or k.startswith(o + ".") for o in module.OWNS)}
+    assert not stray, f"{group} wrote fields it does not own: {sorted(stray)}"
+
+
+def test_unknown_bridge_override_is_rejected(compose, bridge):
+    from megatron.bridge.training.utils.omegaconf_utils import OverridesError
+
+    with pytest.raises(OverridesError, match="moe_aux_loss_coef"):
+        build.build(compose("+bridge.model.moe_aux_loss_coef=0.0"))
+
+
+def test_resolved_configs_round_trip_to_yaml(compose, bridge, tmp_path):
+    from omegaconf import OmegaConf
+
+    from vlmtrain.schema import RunConfig
+
+    run = compose("experiment=3d_gb200")
+    OmegaConf.save(OmegaConf.structured(run), tmp_path / "run.yaml")
+    back = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RunConfig), OmegaConf.load(tmp_path / "run.yaml")))
+    assert back == run
+
+    cfg = build.build(run)
+    target.finalize(run, cfg)
+    cfg.to_yaml(str(tmp_path / "bridge.yaml"))
+    loaded = bridge.ConfigContainer.from_yaml(str(tmp_path / "bridge.yaml"))
+    target.finalize(run, loaded)  # derived scheduler steps are recomputed, not serialized
+    assert _flat(loaded.to_dict()) == _flat(cfg.to_dict())
