@@ -5,7 +5,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
-export UV_PYTHON_DOWNLOADS=never UV_LINK_MODE=${UV_LINK_MODE:-copy}
+export UV_PYTHON_DOWNLOADS=never
 
 command -v uv >/dev/null || python3 -m pip install -q "uv>=0.8"
 find_python312() {  # python3.12 on PATH if it runs (pyenv shims may not), else pyenv's 3.12
