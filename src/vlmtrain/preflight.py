@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vlmtrain import world
@@ -301,6 +302,17 @@ def seq_fits_images(run: RunConfig, lay: Layout) -> str | None:
         tokens = (d.mock_image_size[0] // 32 + 1) * (d.mock_image_size[1] // 32 + 1) * d.mock_num_images
         if tokens >= run.train.seq_length:
             return f"data=mock images need ~{tokens} tokens, more than train.seq_length={run.train.seq_length}."
+    return None
+
+
+@rule(Severity.error)
+def data_path_exists(run: RunConfig, lay: Layout) -> str | None:
+    d = run.data
+    local = d.kind in (DataKind.jsonl, DataKind.parquet, DataKind.energon)
+    if local and not (d.path and Path(d.path).expanduser().exists()):
+        return f"data={d.kind}: data.path={d.path} does not exist. Point data.path at your {d.kind} data."
+    if d.kind == DataKind.jsonl and d.image_dir and not Path(d.image_dir).expanduser().is_dir():
+        return f"data=jsonl: data.image_dir={d.image_dir} is not a directory."
     return None
 
 

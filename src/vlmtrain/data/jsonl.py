@@ -33,20 +33,26 @@ def _conversation(row: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"role": "user", "content": content}, {"role": "assistant", "content": [{"type": "text", "text": answer}]}]
 
 
-def _check_image(path: Path) -> str | None:
-    """None when the image opens and decodes, else why not."""
+# Bridge's Qwen collate bounds every image to 200704..1003520 pixels, i.e. 196..980 LLM tokens of 32x32 px.
+MIN_IMAGE_TOKENS, MAX_IMAGE_TOKENS = 196, 980
+
+
+def _check_image(path: Path) -> tuple[str | None, int]:
+    """(None, LLM tokens the image will cost) when it opens and decodes, else (why not, 0)."""
     if not path.is_file():
-        return "file not found"
+        return "file not found", 0
     try:
         with Image.open(path) as im:
             im.load()
+            w, h = im.size
     except Exception as e:  # PIL raises many types for truncated/corrupt files
-        return f"unreadable ({type(e).__name__}: {e})"
-    return None
+        return f"unreadable ({type(e).__name__}: {e})", 0
+    return None, min(max(round(h / 32) * round(w / 32), MIN_IMAGE_TOKENS), MAX_IMAGE_TOKENS)
 
 
-def resolve(path: Path, image_dir: str | None, out_dir: Path, skip_bad: bool = False) -> Path:
-    """Write a checked copy with absolute image paths into out_dir and return it."""
+def resolve(path: Path, image_dir: str | None, out_dir: Path, seq_length: int, skip_bad: bool = False) -> Path:
+    """Write a checked copy with absolute image paths into out_dir and return it. A sample whose images alone
+    need more tokens than seq_length is bad too: truncation would cut image tokens from their pixels."""
     path = Path(path).expanduser()
     if not path.is_file():
         raise FileNotFoundError(f"data.path={path} does not exist (data=jsonl needs a JSONL file).")
@@ -54,7 +60,7 @@ def resolve(path: Path, image_dir: str | None, out_dir: Path, skip_bad: bool = F
     if not base.is_dir():
         raise FileNotFoundError(f"data.image_dir={base} does not exist.")
     st = path.stat()
-    key = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{base.resolve()}|{skip_bad}".encode())
+    key = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{base.resolve()}|{skip_bad}|{seq_length}".encode())
     out_dir.mkdir(parents=True, exist_ok=True)
     out = out_dir / f"{path.stem}-{key.hexdigest()[:12]}.jsonl"
     if out.exists():
@@ -69,7 +75,7 @@ def resolve(path: Path, image_dir: str | None, out_dir: Path, skip_bad: bool = F
             conv = _conversation(row)
         except KeyError as e:
             raise BadSample(f"{path}:{lineno} (sample {sample}): {e}") from None
-        problem = None
+        problem, image_tokens = None, 0
         for turn in conv:
             for item in turn["content"] if isinstance(turn["content"], list) else []:
                 if item.get("type") != "image":
@@ -78,7 +84,12 @@ def resolve(path: Path, image_dir: str | None, out_dir: Path, skip_bad: bool = F
                 img = img if img.is_absolute() else base / img
                 item["image"] = str(img.resolve())
                 n_images += 1
-                problem = problem or (_check_image(img) and f"image {img}: {_check_image(img)}")
+                why, tokens = _check_image(img)
+                image_tokens += tokens
+                problem = problem or (why and f"image {img}: {why}")
+        if not problem and image_tokens >= seq_length:
+            problem = (f"its images need {image_tokens} tokens but train.seq_length={seq_length}; raise "
+                       "train.seq_length")
         if problem:
             if not skip_bad:
                 raise BadSample(

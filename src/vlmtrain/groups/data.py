@@ -133,7 +133,8 @@ def _prepare(run: RunConfig) -> Path | None:
             answer_words_max=p.answer_words_max, seed=p.seed)
         return realistic.generate(dist, p.num_samples, cache_dir(run) / "realistic")
     if d.kind == Kind.jsonl:
-        return jsonl.resolve(Path(d.path), d.image_dir, cache_dir(run) / "jsonl", skip_bad=d.skip_bad_images)
+        return jsonl.resolve(Path(d.path), d.image_dir, cache_dir(run) / "jsonl", seq_length=run.train.seq_length,
+                             skip_bad=d.skip_bad_images)
     return None
 
 

@@ -1,0 +1,81 @@
+"""Each preflight rule: one composition that trips it and one that passes it (real Hydra composition)."""
+
+from __future__ import annotations
+
+import pytest
+
+from vlmtrain import preflight
+
+B30 = ["model=qwen3_vl_30b_a3b"]
+# rule -> (overrides that trip it, overrides that pass it)
+CASES: dict[str, tuple[list[str], list[str]]] = {
+    "hybridep_topology": ([*B30, "hardware=gb200", "dispatcher=hybridep", "nodes=32", "train.global_batch_size=128"],
+                          [*B30, "hardware=gb200", "dispatcher=hybridep", "nodes=16", "train.global_batch_size=64"]),
+    "hybridep_crosses_nodes": ([*B30, "hardware=h100", "dispatcher=hybridep", "nodes=2", "train.global_batch_size=16"],
+                               [*B30, "hardware=h100", "dispatcher=hybridep"]),
+    "deepep_not_on_gb200": (["hardware=gb200", "dispatcher=deepep"], ["hardware=b200", "dispatcher=deepep"]),
+    "fsdp_needs_pp1": (["parallelism=fsdp", "parallelism.pp=2"], ["parallelism=fsdp"]),
+    "fsdp_checkpoint_format": (["parallelism=fsdp", "+bridge.checkpoint.ckpt_format=torch_dist"],
+                               ["parallelism=fsdp", "+bridge.checkpoint.ckpt_format=fsdp_dtensor"]),
+    "ep_divides_experts": (["parallelism.ep=3"], ["parallelism.ep=4"]),
+    "tp_divides_kv_heads": (["parallelism=3d", "parallelism.tp=4"], ["parallelism=3d", "parallelism.tp=2"]),
+    "pipeline_split": (["parallelism=3d", "parallelism.pp=2", "model.num_layers=5"],
+                       ["parallelism=3d", "parallelism.pp=2", "model.num_layers=6"]),
+    "vpp_divides_stage_layers": (["parallelism=3d", "parallelism.pp=2", "parallelism.vpp=4"],
+                                 ["parallelism=3d", "parallelism.pp=2", "parallelism.vpp=2"]),
+    "deepstack_on_first_stage": (["parallelism=3d", "parallelism.pp=4"], ["parallelism=3d", "parallelism.pp=2"]),
+    "world_layout": (["gpus_per_node=16"], ["gpus_per_node=8"]),
+    "partial_nodes": (["nodes=2", "gpus_per_node=4"], ["nodes=2", "train.global_batch_size=16"]),
+    "global_batch_divisible": (["train.global_batch_size=12"], ["train.global_batch_size=16"]),
+    "context_parallel_seq": (["parallelism=3d", "parallelism.cp=2", "train.seq_length=4098"],
+                             ["parallelism=3d", "parallelism.cp=2", "train.seq_length=4096"]),
+    "etp_while_ep_fits": (["parallelism=3d", "parallelism.ep=2", "parallelism.etp=2"],
+                          ["parallelism=3d", "parallelism.ep=4", "parallelism.etp=1"]),
+    "graphs_with_full_recompute": (["cuda_graph=moe_router_preprocess", "recompute=full"],
+                                   ["cuda_graph=moe_router_preprocess", "recompute=selective"]),
+    "moe_preprocess_needs_router": (["cuda_graph.modules=[moe_preprocess]"],
+                                    ["cuda_graph.modules=[moe_router,moe_preprocess]"]),
+    "moe_recompute_with_router_graph": (
+        ["recompute=selective", "recompute.modules=[moe]", "cuda_graph=moe_router_preprocess"],
+        ["recompute=selective", "recompute.modules=[core_attn]", "cuda_graph=moe_router_preprocess"]),
+    "qwen3_vl_no_attn_graph": (["cuda_graph=attn_moe_router_preprocess"], ["cuda_graph=moe_router_preprocess"]),
+    "qwen35_varlen_graphs": (["model=qwen35_vl_35b_a3b", "cuda_graph=moe_router_preprocess", "data.packing=true"],
+                             ["model=qwen35_vl_35b_a3b", "cuda_graph=moe_router_preprocess"]),
+    "a2a_overlap_with_qwen_vl": (["+bridge.comm_overlap.overlap_moe_expert_parallel_comm=true"], []),
+    "seq_fits_images": (["data=realistic", "train.seq_length=2048"], ["data=realistic", "train.seq_length=4096"]),
+    "data_path_exists": (["data=jsonl", "data.path=/nonexistent/train.jsonl"],
+                         ["data=jsonl", f"data.path={__file__}"]),
+    "mock_is_not_performance": (["data=mock"], ["data=sample"]),
+    "frozen_vision_benchmark_only": (["vision=frozen"], ["vision=trainable"]),
+}
+
+
+def rules_of(compose, overrides: list[str]) -> dict[str, preflight.Finding]:
+    return {f.rule: f for f in preflight.check(compose(*overrides))}
+
+
+def test_every_rule_has_cases():
+    missing = {fn.__name__ for _, fn in preflight.RULES} - set(CASES)
+    assert not missing, f"rules without a trip/pass case: {sorted(missing)}"
+
+
+@pytest.mark.parametrize("rule", sorted(CASES))
+def test_rule_trips_and_passes(compose, rule):
+    trip, ok = CASES[rule]
+    found = rules_of(compose, trip)
+    assert rule in found, f"{rule} did not trip for {trip}: {sorted(found)}"
+    assert "=" in found[rule].message or "." in found[rule].message  # names the group/field involved
+    assert rule not in rules_of(compose, ok), f"{rule} tripped for the passing case {ok}"
+
+
+def test_enforce_raises_with_every_error_and_keeps_warnings(compose):
+    with pytest.raises(preflight.PreflightError) as err:
+        preflight.enforce(compose("hardware=gb200", "dispatcher=deepep", "parallelism.pp=2"))
+    assert {f.rule for f in err.value.findings} >= {"deepep_not_on_gb200", "fsdp_needs_pp1"}
+    warnings = preflight.enforce(compose("data=mock"))
+    assert [w.rule for w in warnings] == ["mock_is_not_performance"]
+
+
+def test_ignore_downgrades_an_error(compose):
+    run = compose("parallelism.pp=2", "preflight.ignore=[fsdp_needs_pp1]")
+    assert not preflight.errors(preflight.check(run))
