@@ -7,7 +7,7 @@
 | seq_length         | model.seq_length, dataset.seq_length (model / data)  |
 | iterations         | train.train_iters, scheduler.lr_decay_iters          |
 | lr / min_lr        | optimizer.lr / optimizer.min_lr (cosine, warmup)     |
-| save_interval      | checkpoint.save, .load (run dir), .save_interval     |
+| save_interval      | checkpoint.save, .load (checkpoint_dir), .save_interval |
 
 Any other Bridge field: `+bridge.<section>.<field>=<value>` (applied through Bridge's own override parser,
 which rejects unknown fields).
@@ -55,7 +55,9 @@ class TrainConfig:
     seed: int = 1234
     log_interval: int = 1
     save_interval: int | None = None
-    """Checkpoint every N steps into <run dir>/checkpoints (resumed from there on relaunch); null = never."""
+    """Checkpoint every N steps into checkpoint_dir; a relaunch with an existing checkpoint resumes. null = never."""
+    checkpoint_dir: str | None = None
+    """null = checkpoints/<the command's overrides>, so relaunching the same command resumes the same run."""
 
 
 def apply(run: RunConfig, cfg: ConfigContainer) -> None:
@@ -69,7 +71,7 @@ def apply(run: RunConfig, cfg: ConfigContainer) -> None:
     cfg.scheduler.lr_warmup_iters = t.warmup_iters
     cfg.scheduler.lr_decay_iters = t.iterations
     cfg.rng.seed = t.seed
-    ckpt = f"{run.output_dir}/checkpoints" if t.save_interval else None
+    ckpt = (t.checkpoint_dir or f"{run.output_dir}/checkpoints") if t.save_interval else None
     cfg.checkpoint.save = ckpt
     cfg.checkpoint.load = ckpt
     cfg.checkpoint.save_interval = t.save_interval

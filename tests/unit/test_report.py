@@ -1,0 +1,301 @@
+"""vlmtrain.report on a sweep built from real GPU run files, a real preflight skip and a real W&B offline run."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from vlmtrain import cli, preflight, report, results
+from vlmtrain.compose import compose
+
+ROOT = Path(__file__).resolve().parents[2]
+CASES = ROOT / "tests" / "fixtures" / "gpu_cases"
+RESULTS = ROOT / "results" / "gpu_training.jsonl"
+CRASH = "tiny_3d_ep1_trainable_recompute-none_graph-moe_router_preprocess_1gpu"
+CRASH_LINE = ("vlmtrain.checks.SettingNotApplied: cuda_graph=moe_router_preprocess requested but no layer holds a "
+              "captured CUDA graph.")
+INVALID = ["parallelism=fsdp", "parallelism.pp=2"]
+WANDB_CASE = "tiny_3d_ep2_trainable_recompute-none_graph-none_2gpu"
+WANDB_ROWS = 6
+WANDB_NAME = "wandb-" + WANDB_CASE
+KILLED = ["model=tiny", "train.iterations=8", "train.micro_batch_size=2", "gpus_per_node=1"]
+NEVER_STARTED = ["model=tiny", "train.iterations=8", "train.micro_batch_size=4", "gpus_per_node=1"]
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def command_overrides(command: str) -> list[str]:
+    """The Hydra overrides of a results row's `python train.py ...` command (dry_run is excluded from job dirs)."""
+    args = shlex.split(command)
+    return [a for a in args[args.index("train.py") + 1:] if not a.startswith("dry_run=")]
+
+
+def results_rows() -> dict[str, dict]:
+    return {r["name"]: r for r in results.read_jsonl(RESULTS)}
+
+
+def case_overrides() -> dict[str, list[str]]:
+    """Every fixture case's overrides; the crash has no results row (only successful runs are appended), so it is
+    the tiny 3d 1-GPU command plus its graph scope, as in benchmarks/run_cases.py."""
+    out = {name: command_overrides(row["command"]) for name, row in results_rows().items()}
+    out[CRASH] = [*out["tiny_3d_ep1_trainable_recompute-none_graph-none_1gpu"], "cuda_graph=moe_router_preprocess"]
+    return out
+
+
+def add_job(sweep: Path, num: int, overrides: list[str], source: Path | None = None) -> Path:
+    """A job dir as Hydra names it (<num>_<override_dirname>) with .hydra/overrides.yaml and the composed config."""
+    job = sweep / f"{num}_{','.join(sorted(overrides))}"
+    if source:
+        shutil.copytree(source, job)
+    (job / ".hydra").mkdir(parents=True)
+    OmegaConf.save(OmegaConf.create(overrides), job / ".hydra" / "overrides.yaml")
+    OmegaConf.save(OmegaConf.structured(compose(overrides, output_dir=str(job))), job / "run_config.yaml")
+    return job
+
+
+def write_preflight(sweep: Path, launched: list[list[str]]) -> list[str]:
+    """preflight.json as vlmtrain's sweeper writes it (skipped: label, overrides, findings; launched: overrides by
+    job number), from really checking an invalid composed config."""
+    findings = [str(f) for f in preflight.check(compose(INVALID))]
+    data = {"skipped": [{"job": " ".join(INVALID), "overrides": INVALID, "findings": findings}], "launched": launched}
+    (sweep / "preflight.json").write_text(json.dumps(data, indent=2) + "\n")
+    return findings
+
+
+def wandb_overrides(overrides: list[str]) -> list[str]:
+    """The W&B run logs WANDB_ROWS steps: its config says so (else the report rightly calls it incomplete)."""
+    return [o for o in overrides if not o.startswith("train.iterations=")] + [f"train.iterations={WANDB_ROWS}"]
+
+
+def log_wandb_run(wandb_dir: Path, overrides: list[str], rows: list[dict]) -> None:
+    """A real W&B offline run (wandb 0.29) shaped like vlmtrain.wandb_log's: config {"vlmtrain": run config},
+    each metrics row at W&B step row["step"] + 1."""
+    import wandb
+
+    config = {"vlmtrain": OmegaConf.to_container(OmegaConf.structured(compose(overrides)), enum_to_str=True)}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("WANDB_MODE", "offline")
+        mp.setenv("WANDB_SILENT", "true")
+        run = wandb.init(dir=str(wandb_dir), project="vlmtrain", group="report-test", name=WANDB_NAME,
+                         config=config)
+        for row in rows:
+            run.log(row, step=row["step"] + 1)
+        run.finish()
+        wandb.teardown()
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """14 real GPU run dirs (one a real crash), a run killed before its first step, a preflight skip, a W&B run."""
+    sweep = tmp_path_factory.mktemp("multirun")
+    overrides = case_overrides()
+    for num, name in enumerate(sorted(overrides)):
+        add_job(sweep, num, overrides[name], CASES / name)
+    killed = add_job(sweep, len(overrides), KILLED)
+    head = (CASES / "tiny_fsdp_ep1_trainable_recompute-none_graph-none_1gpu" / "train.log").read_text()
+    (killed / "train.log").write_text("\n".join(head.splitlines()[:20]) + "\n")
+    launched = [OmegaConf.to_container(OmegaConf.load(d / ".hydra" / "overrides.yaml"))
+                for d in sorted(sweep.iterdir(), key=lambda d: int(d.name.split("_")[0]))]
+    write_preflight(sweep, [*launched, NEVER_STARTED])
+    rows = results.read_jsonl(CASES / WANDB_CASE / "metrics.jsonl")[:WANDB_ROWS]
+    log_wandb_run(sweep, wandb_overrides(overrides[WANDB_CASE]), rows)
+    return sweep
+
+
+@pytest.fixture(scope="module")
+def written(sweep: Path) -> dict[str, Path]:
+    return report.write_report(sweep)
+
+
+@pytest.fixture(scope="module")
+def jobs(sweep: Path) -> dict[str, report.Job]:
+    return {j.name.split("_", 1)[-1] if j.source == "files" else j.name: j for j in report.gather(sweep)}
+
+
+def by_case(jobs: dict[str, report.Job], case: str) -> report.Job:
+    overrides = ",".join(sorted(case_overrides()[case]))
+    return jobs[overrides]
+
+
+def expected_wandb_useful(tmp_path: Path) -> float:
+    """What vlmtrain.results.summarize says about the rows logged to W&B."""
+    rows = results.read_jsonl(CASES / WANDB_CASE / "metrics.jsonl")[:WANDB_ROWS]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return results.summarize(tmp_path)["useful_tokens_per_s_per_gpu"]
+
+
+def case_name(job: report.Job) -> str:
+    names = {",".join(sorted(o)): name for name, o in case_overrides().items()}
+    return names.get(job.name.split("_", 1)[-1], job.name)
+
+
+def test_ranking_follows_useful_tokens_per_gpu(jobs: dict[str, report.Job], tmp_path: Path) -> None:
+    useful = {name: row["metrics"]["useful_tokens_per_s_per_gpu"] for name, row in results_rows().items()
+              if "frozen" not in name}
+    useful[WANDB_NAME] = expected_wandb_useful(tmp_path)
+    ranked = sorted((j for j in jobs.values() if j.section == "main" and j.rank), key=lambda j: j.rank)
+    assert [case_name(j) for j in ranked] == sorted(useful, key=useful.get, reverse=True)
+    assert [j.rank for j in ranked] == list(range(1, len(useful) + 1))
+
+
+def test_metrics_match_results_summarize(jobs: dict[str, report.Job]) -> None:
+    for name in results_rows():
+        job, summary = by_case(jobs, name), results.summarize(CASES / name)
+        for key in ("steps", "step_s", "peak_mem_gib", "useful_tokens_per_s_per_gpu", "tflops_per_s_per_gpu", "mfu",
+                    "nonpad_fraction", "last_loss"):
+            assert job.metrics[key] == pytest.approx(summary[key]), (name, key)
+        assert job.layout["gpus"] == int(name[-4]), name
+
+
+def test_crash_reports_its_exception_line(jobs: dict[str, report.Job]) -> None:
+    job = by_case(jobs, CRASH)
+    assert (job.status, job.reason) == ("crash", CRASH_LINE)
+    assert CRASH_LINE in (CASES / CRASH / "train.log").read_text()
+    assert job.rank is None
+
+
+def test_crash_without_its_log_is_still_not_ok(tmp_path: Path) -> None:
+    """Local sweeps keep torchrun's output out of the job dir: checks.json alone shows the run never ended."""
+    job_dir = add_job(tmp_path / "sweep", 0, case_overrides()[CRASH], CASES / CRASH)
+    (job_dir / "train.log").unlink()
+    job = report.job_from_dir(job_dir)
+    assert job.status == "incomplete" and job.reason.startswith("checks.json has no end-of-training checks")
+
+
+def test_preflight_skip_names_its_rule(sweep: Path, jobs: dict[str, report.Job], written: dict[str, Path]) -> None:
+    job = jobs[" ".join(INVALID)]
+    assert (job.source, job.status) == ("preflight", "skipped")
+    assert job.reason.startswith("fsdp_needs_pp1: parallelism=fsdp with parallelism.pp=2")
+    md = written["md"].read_text()
+    assert "| (not launched) | skipped by preflight | fsdp_needs_pp1: " in md
+
+
+def test_killed_before_first_step_is_incomplete(jobs: dict[str, report.Job]) -> None:
+    job = jobs[",".join(sorted(KILLED))]
+    assert (job.status, job.reason) == ("incomplete", "no metrics and no error in the logs")
+
+
+def test_launched_job_without_a_directory_is_incomplete(jobs: dict[str, report.Job]) -> None:
+    job = jobs[" ".join(NEVER_STARTED)]
+    assert (job.status, job.num, job.source) == ("incomplete", len(case_overrides()) + 1, "preflight-launched")
+    assert job.reason.startswith("launched, but no job directory")
+
+
+def test_wandb_offline_run_is_read(jobs: dict[str, report.Job], tmp_path: Path) -> None:
+    job = jobs[WANDB_NAME]
+    assert (job.source, job.status, job.data_kind) == ("wandb-offline", "ok", "sample")
+    assert job.choices["parallelism"] == "3d" and job.layout["gpus"] == 2
+    assert job.metrics["steps"] == WANDB_ROWS
+    assert job.metrics["useful_tokens_per_s_per_gpu"] == pytest.approx(expected_wandb_useful(tmp_path))
+
+
+def test_frozen_runs_are_marked_and_ranked_apart(jobs: dict[str, report.Job], written: dict[str, Path]) -> None:
+    frozen = [j for j in jobs.values() if j.frozen]
+    assert len(frozen) == 2 and all(j.section == "frozen" and j.rank for j in frozen)
+    md = written["md"].read_text()
+    main, frozen_part = md.split("## " + report.SECTIONS["frozen"])
+    assert "frozen-vision" not in main.split("## " + report.SECTIONS["main"])[1]
+    assert frozen_part.split("\n## ")[0].count("frozen-vision") == 2
+    rows = list(csv.DictReader(written["csv"].open()))
+    assert sorted(r["frozen_vision"] for r in rows if r["section"] == "frozen") == ["True", "True"]
+
+
+@pytest.mark.parametrize(("overrides", "section", "flag"), [
+    (["data=mock"], "mock", "mock-data"),
+    (["data=mock", "vision=frozen"], "mock", "frozen-vision, mock-data"),
+    (["vision=frozen_with_projector"], "frozen", "frozen-vision"),
+])
+def test_mock_and_frozen_configs_get_their_own_section(overrides: list[str], section: str, flag: str) -> None:
+    config = OmegaConf.to_container(OmegaConf.structured(compose(overrides)), enum_to_str=True)
+    job = report.Job(name="x", source="files", config=config)
+    assert (job.section, report.flags(job)) == (section, flag)
+
+
+def test_csv_columns(written: dict[str, Path], jobs: dict[str, report.Job]) -> None:
+    with written["csv"].open() as f:
+        reader = csv.DictReader(f)
+        rows = list(reader)
+    assert reader.fieldnames == report.CSV_COLUMNS
+    for col in ("rank", "status", "reason", "model", "parallelism", "gpus", "mbs", "useful_tokens_per_s_per_gpu",
+                "mfu", "step_s", "peak_mem_gib", "memory_gib", "headroom_gib", "flops_vit", "flops_projector",
+                "flops_decoder", "time_vision_s", "frozen_vision", "mock_data"):
+        assert col in reader.fieldnames
+    assert len(rows) == len(jobs)
+    first = rows[0]
+    assert first["section"] == "main" and first["rank"] == "1"
+    assert float(first["headroom_gib"]) == pytest.approx(141.0 - float(first["peak_mem_gib"]))
+
+
+def test_pngs_are_written(written: dict[str, Path]) -> None:
+    for key in report.PLOTS:
+        data = written[key].read_bytes()
+        assert data[:8] == PNG_SIGNATURE and len(data) > 1024, key
+
+
+def test_component_times_replace_the_flop_split(tmp_path: Path) -> None:
+    """With per-component times (another engineer adds them), the split is seconds, not FLOPs. The times here are
+    derived from a real run: its step time divided in proportion to its FLOP split."""
+    name = "tiny_fsdp_ep1_trainable_recompute-none_graph-none_1gpu"
+    job = add_job(tmp_path / "sweep", 0, case_overrides()[name], CASES / name)
+    rows = results.read_jsonl(job / "metrics.jsonl")
+    for r in rows:
+        r.update(time_vision_s=r["step_s"] * r["flops_vit"] / r["flops"],
+                 time_projector_s=r["step_s"] * r["flops_projector"] / r["flops"],
+                 time_decoder_s=r["step_s"] * r["flops_decoder"] / r["flops"], time_optimizer_s=0.0, time_data_s=0.0)
+    (job / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    paths = report.write_report(tmp_path / "sweep")
+    md = paths["md"].read_text()
+    assert "vision / projector / decoder time" in md and "of FLOPs" not in md and "FLOP** split" not in md
+    assert "| ViT 0.1" in md and " / optimizer 0.000 / data 0.000 s |" in md
+    row = next(csv.DictReader(paths["csv"].open()))
+    assert float(row["time_decoder_s"]) > float(row["time_vision_s"]) > 0
+
+
+@pytest.mark.parametrize(("log", "status", "reason"), [
+    ("[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+     "139.81 GiB of which 1.06 GiB is free.", "oom", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+     "2.00 GiB. GPU 0 has a total capacity of 139.81 GiB of which 1.06 GiB is free."),
+    ("[rank1]:[E1129 22:21:43.123456 ProcessGroupNCCL.cpp:632] [Rank 1] Watchdog caught collective operation timeout: "
+     "WorkNCCL(SeqNum=5, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600006 milliseconds "
+     "before timing out.", "nccl_timeout", "Watchdog caught collective operation timeout"),
+])
+def test_log_classification(log: str, status: str, reason: str) -> None:
+    got = report.classify(log, steps=3)
+    assert got[0] == status and reason in got[1]
+
+
+def test_callback_writes_the_report_and_never_raises(sweep: Path, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    copy = shutil.copytree(sweep, tmp_path / "sweep")
+    report.ReportCallback().on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(copy)}}}))
+    assert (copy / "report.md").exists() and (copy / "report.csv").exists()
+    report.ReportCallback().on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path / "none")}}}))
+    assert "WARNING: sweep report failed" in capsys.readouterr().err
+
+
+def test_cli_report(sweep: Path, tmp_path: Path) -> None:
+    assert cli.main(["report", str(sweep), "--out", str(tmp_path / "out")]) == 0
+    assert {p.name for p in (tmp_path / "out").iterdir()} == {"report.md", "report.csv", *report.PLOTS.values()}
+
+
+def test_hydra_multirun_calls_the_callback(tmp_path: Path) -> None:
+    """A real `train.py -m` dry-run sweep with the callback given as in the hydra.callbacks YAML: conf/train.yaml's
+    sweeper (vlmtrain's preflight sweeper) skips the FSDP+PP job into preflight.json, the other job dry-runs, and
+    the report written at the end shows both."""
+    sweep = tmp_path / "multirun"
+    cmd = [sys.executable, str(ROOT / "train.py"), "-m", "model=tiny", "parallelism=fsdp", "parallelism.pp=1,2",
+           "dry_run=true", f"hydra.sweep.dir={sweep}",
+           "+hydra.callbacks.report._target_=vlmtrain.report.ReportCallback"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"[vlmtrain] sweep report: {sweep / 'report.md'}" in proc.stdout
+    md = (sweep / "report.md").read_text()
+    assert "| #0 | dry run (planned, not trained) | bridge_config.yaml only |" in md
+    assert "| (not launched) | skipped by preflight | fsdp_needs_pp1: " in md
