@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
 
 from PIL import Image
@@ -15,7 +14,7 @@ class Photo:
     name: str
     """Stable identifier, also used in file names and sample ids."""
     loader: str
-    """Where the pixels come from: `skimage.data:<fn>`, `matplotlib:<sample file>` or `sklearn:<file>`."""
+    """Where the pixels come from: `skimage.data:<fn>` or `matplotlib:<sample file>`."""
     caption: str
     """Human-written sentence describing the photo (used as the reference answer)."""
     license: str
@@ -133,26 +132,9 @@ _MATPLOTLIB: tuple[Photo, ...] = (
     ),
 )
 
-_SKLEARN_LICENSE = "CC BY 2.0 (Flickr photographers credited in sklearn/datasets/images/README.txt)"
-_SKLEARN: tuple[Photo, ...] = (
-    Photo(
-        "china",
-        "sklearn:china.jpg",
-        "A traditional Chinese building with an upturned tiled roof among trees.",
-        _SKLEARN_LICENSE,
-    ),
-    Photo(
-        "flower",
-        "sklearn:flower.jpg",
-        "Close-up of a single flower in bloom.",
-        _SKLEARN_LICENSE,
-    ),
-)
-
-#: Every photo available in this environment (scikit-learn's two only when it is installed).
-PHOTOS: tuple[Photo, ...] = (
-    _SKIMAGE + _MATPLOTLIB + (_SKLEARN if importlib.util.find_spec("sklearn") is not None else ())
-)
+#: Every photo of the sample and realistic datasets. The same on every machine (scikit-learn's two CC BY photos
+#: are left out: a dataset that changed with an optional package would make runs incomparable).
+PHOTOS: tuple[Photo, ...] = _SKIMAGE + _MATPLOTLIB
 
 
 def load_photo(photo: Photo) -> Image.Image:
@@ -167,10 +149,6 @@ def load_photo(photo: Photo) -> Image.Image:
 
         with Image.open(cbook.get_sample_data(item, asfileobj=False)) as opened:
             image = opened.copy()
-    elif package == "sklearn":
-        from sklearn.datasets import load_sample_image
-
-        image = Image.fromarray(load_sample_image(item))
     else:
         raise ValueError(f"Unknown photo loader {photo.loader!r}")
     return image.convert("RGB")
