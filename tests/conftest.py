@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
@@ -12,22 +12,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 @pytest.fixture(scope="session")
-def compose() -> Iterator[Callable[..., object]]:
-    """compose(*overrides) -> RunConfig, inside one Hydra context for speed."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
+def compose() -> Callable[..., object]:
+    """compose(*overrides) -> RunConfig, through Hydra's compose API (no global Hydra state is kept)."""
+    from vlmtrain.compose import compose as vlm_compose
 
-    from vlmtrain.compose import CONF_DIR, to_run
-    from vlmtrain.schema import register
+    def _compose(*overrides: str, output_dir: str = "outputs/test") -> object:
+        return vlm_compose(list(overrides), output_dir=output_dir)
 
-    register()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-
-        def _compose(*overrides: str, output_dir: str = "outputs/test") -> object:
-            cfg = hydra_compose(config_name="train", overrides=list(overrides), return_hydra_config=True)
-            return to_run(cfg, output_dir=output_dir)
-
-        yield _compose
+    return _compose
 
 
 @pytest.fixture(scope="session")

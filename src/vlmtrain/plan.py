@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vlmtrain import groups, preflight, world
+from vlmtrain import groups, preflight, redact, world
 from vlmtrain.groups import hardware
 
 if TYPE_CHECKING:
@@ -37,6 +37,13 @@ def layout_line(run: RunConfig) -> str:
             f"VPP {lay.vpp or '-'}  CP {lay.cp} | EP {lay.ep}  ETP {lay.etp} | DP {lay.dp}  expert-DP {lay.expert_dp}")
 
 
+def memory_section(run: RunConfig) -> list[str]:
+    """Per-GPU peak memory estimate vs the hardware group's memory_gib (vlmtrain.memory: arithmetic, no Bridge)."""
+    from vlmtrain import memory
+
+    return memory.render(run)
+
+
 def render(run: RunConfig, cfg: ConfigContainer | None, findings: list[preflight.Finding],
            validation: str) -> str:
     lay, t = world.layout(run), run.train
@@ -56,6 +63,7 @@ def render(run: RunConfig, cfg: ConfigContainer | None, findings: list[preflight
             name = g.__name__.rsplit(".", 1)[1]
             vals = "  ".join(f"{p}={field_value(cfg, p)}" for p in sorted(g.OWNS))
             lines.append(f"  {name:<12}{vals}")
+    lines += memory_section(run)
     lines.append("preflight:" + ("" if findings else " no findings"))
     lines += [f"  {f}" for f in findings]
     lines.append(f"Bridge validation: {validation}")
@@ -79,7 +87,7 @@ def dry_run(run: RunConfig) -> int:
         return 3
     out = Path(run.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    cfg.to_yaml(str(out / "bridge_config.yaml"))
+    redact.write_bridge_yaml(cfg, out / "bridge_config.yaml")
     print(render(run, cfg, findings, f"OK (runtime_config_update); resolved config: {out / 'bridge_config.yaml'}"))
     print("To train: run the same command on a GPU node (or with dry_run=false); add hydra/launcher=slurm for Slurm.")
     sys.stdout.flush()

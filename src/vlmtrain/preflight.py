@@ -14,7 +14,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from vlmtrain import world
+from vlmtrain import memory, world
 from vlmtrain.groups.data import Kind as DataKind
 from vlmtrain.groups.dispatcher import Backend
 from vlmtrain.groups.model import Family
@@ -330,6 +330,43 @@ def frozen_vision_benchmark_only(run: RunConfig, lay: Layout) -> str | None:
         return (f"vision={run.choices.get('vision', 'frozen')}: frozen-vision throughput is benchmark-only; compare it "
                 "with frozen runs, never with vision=trainable runs.")
     return None
+
+
+# --- memory -----------------------------------------------------------------------------------------------
+
+
+def _memory_verdict(run: RunConfig, lay: Layout) -> tuple[memory.MemoryBreakdown, float]:
+    """(estimate, fraction of the hardware group's memory_gib): pure arithmetic, no Bridge import."""
+    b = memory.estimate(run)
+    return b, b.total / run.hardware.memory_gib
+
+
+def _memory_message(run: RunConfig, lay: Layout, b: memory.MemoryBreakdown, verdict: str) -> str:
+    c = run.choices
+    top = sorted(b.items().items(), key=lambda kv: -kv[1])[:3]
+    state = b.params + b.grads + b.optimizer
+    shard = (f" Model state alone (params+grads+optimizer) is {state:.0f} GiB: shard the model further "
+             "(parallelism.ep/pp, parallelism=fsdp) before touching activations." if state > run.hardware.memory_gib
+             else "")
+    return (f"model={run.model.name} {verdict}: estimated {b.total:.0f} GiB per GPU (PP stage {b.stage}; largest: "
+            + ", ".join(f"{k} {v:.0f}" for k, v in top)
+            + f") vs hardware={run.hardware.name} memory_gib={run.hardware.memory_gib:.0f}, with "
+            f"parallelism={c.get('parallelism', run.parallelism.kind)} (EP {lay.ep}, DP {lay.dp}), "
+            f"recompute={c.get('recompute', run.recompute.granularity)}, "
+            f"train.micro_batch_size={run.train.micro_batch_size}, seq {b.seq_len}. Try recompute=full, a larger "
+            "parallelism.ep (more nodes once EP spans all GPUs) or a smaller train.micro_batch_size." + shard)
+
+
+@rule(Severity.error)
+def memory_fits(run: RunConfig, lay: Layout) -> str | None:
+    b, frac = _memory_verdict(run, lay)
+    return _memory_message(run, lay, b, "does not fit") if frac > 1.0 else None
+
+
+@rule(Severity.warning)
+def memory_headroom(run: RunConfig, lay: Layout) -> str | None:
+    b, frac = _memory_verdict(run, lay)
+    return _memory_message(run, lay, b, f"is tight ({frac:.0%})") if 0.9 < frac <= 1.0 else None
 
 
 def check(run: RunConfig) -> list[Finding]:

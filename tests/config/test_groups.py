@@ -71,7 +71,7 @@ TABLE: list[tuple[list[str], dict[str, object]]] = [
         "model.vision_config.out_hidden_size": 2048, "model.mrope_section": [24, 20, 20],
         "model.gradient_accumulation_fusion": False, "model.apply_rope_fusion": False}),
     (["model=qwen3_vl_30b_a3b", "model.num_layers=8"], {"model.num_layers": 8, "model.vision_config.depth": 27}),
-    (["model=qwen3_vl_235b_a22b", "nodes=4", "train.global_batch_size=32"], {"model.num_layers": 94, "model.hidden_size": 4096,
+    (["model=qwen3_vl_235b_a22b", "nodes=4", "train.global_batch_size=32", "preflight.ignore=[memory_fits]"], {"model.num_layers": 94, "model.hidden_size": 4096,
                                                "model.num_attention_heads": 64, "model.moe_ffn_hidden_size": 1536}),
     (["model=qwen35_vl_35b_a3b"], {"model.num_layers": 40, "model.num_moe_experts": 256,
                                    "model.moe_shared_expert_intermediate_size": 512, "model.mrope_section": [11, 11, 10],
@@ -90,8 +90,8 @@ TABLE: list[tuple[list[str], dict[str, object]]] = [
                                        "ddp.use_megatron_fsdp": True, "model.recompute_granularity": "full",
                                        "model.moe_flex_dispatcher_backend": "hybridep", "data_parallel_size": 64,
                                        "env_vars.NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN": "64"}),
-    (["experiment=3d_gb200"], {"model.expert_model_parallel_size": 8, "ddp.use_megatron_fsdp": False,
-                               "model.cuda_graph_modules": ["moe_router", "moe_preprocess"],
+    (["experiment=3d_gb200"], {"model.expert_model_parallel_size": 64, "ddp.use_megatron_fsdp": False,
+                               "model.recompute_granularity": "full", "model.cuda_graph_impl": "none",
                                "train.global_batch_size": 1024, "data_parallel_size": 64}),
 ]
 

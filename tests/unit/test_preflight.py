@@ -46,6 +46,8 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     "data_path_exists": (["data=jsonl", "data.path=/nonexistent/train.jsonl"],
                          ["data=jsonl", f"data.path={__file__}"]),
     "mock_is_not_performance": (["data=mock"], ["data=sample"]),
+    "memory_fits": (["model=qwen3_vl_235b_a22b", "hardware=h100"], ["model=qwen3_vl_30b_a3b"]),
+    "memory_headroom": (["model=qwen3_vl_30b_a3b", "hardware=h100", "recompute=full"], ["model=qwen3_vl_30b_a3b"]),
     "frozen_vision_benchmark_only": (["vision=frozen"], ["vision=trainable"]),
 }
 
