@@ -34,8 +34,9 @@ TOLERANCE_COMPONENTS = 0.10  # named components cover >= 90 % of the step
 
 
 def load_run(run_dir: Path) -> RunConfig:
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RunConfig),
-                                               OmegaConf.load(run_dir / "run_config.yaml")))  # type: ignore[return-value]
+    return OmegaConf.to_object(
+        OmegaConf.merge(OmegaConf.structured(RunConfig), OmegaConf.load(run_dir / "run_config.yaml"))
+    )  # type: ignore[return-value]
 
 
 def samples_per_step(run: RunConfig, steps: int) -> list[list[dict]]:
@@ -55,9 +56,20 @@ def samples_per_step(run: RunConfig, steps: int) -> list[list[dict]]:
     cfg = build.build(run)
     gbs, mbs, dp = run.train.global_batch_size, run.train.micro_batch_size, world.layout(run).dp
     ds = get_dataset_provider(cfg.dataset)([run.train.iterations * gbs, 0, 0], cfg.dataset)[0]
-    ranks = [iter(MegatronPretrainingRandomSampler(ds, total_samples=len(ds), consumed_samples=0, micro_batch_size=mbs,
-                                                   data_parallel_rank=r, data_parallel_size=dp, data_sharding=True))
-             for r in range(dp)]
+    ranks = [
+        iter(
+            MegatronPretrainingRandomSampler(
+                ds,
+                total_samples=len(ds),
+                consumed_samples=0,
+                micro_batch_size=mbs,
+                data_parallel_rank=r,
+                data_parallel_size=dp,
+                data_sharding=True,
+            )
+        )
+        for r in range(dp)
+    ]
     proc = AutoProcessor.from_pretrained(str(data.processor_dir(run)))
     out = []
     for _ in range(steps):
@@ -66,8 +78,13 @@ def samples_per_step(run: RunConfig, steps: int) -> list[list[dict]]:
         for i in idx:
             conv = ds[i]["conversation"]
             images, _ = process_vision_info(conv)
-            enc = proc(text=[proc.apply_chat_template(conv, tokenize=False)], images=images, min_pixels=200704,
-                       max_pixels=1003520, return_tensors="pt")
+            enc = proc(
+                text=[proc.apply_chat_template(conv, tokenize=False)],
+                images=images,
+                min_pixels=200704,
+                max_pixels=1003520,
+                return_tensors="pt",
+            )
             grid = enc["image_grid_thw"].prod(-1).tolist() if "image_grid_thw" in enc else []
             batch.append({"len": int(enc["input_ids"].shape[1]), "patches": [int(p) for p in grid]})
         out.append(batch)
@@ -82,15 +99,19 @@ def flops_from_params(run: RunConfig, params: dict, batch: list[dict]) -> float:
     vit_total = sum(params["vision"].values()) - 2304 * v.hidden_size  # position-embedding table: a lookup
     proj_total = sum(params["projector"].values())
     n_attn = m.num_layers if m.linear_attention is None else m.num_layers // m.linear_attention.full_attention_interval
-    dec = sum(2 * active_dec * s["len"] + n_attn * 2 * m.num_attention_heads * m.head_dim * s["len"] ** 2 for s in batch)
+    dec = sum(
+        2 * active_dec * s["len"] + n_attn * 2 * m.num_attention_heads * m.head_dim * s["len"] ** 2 for s in batch
+    )
     patches = [p for s in batch for p in s["patches"]]
     vit = sum(2 * vit_total * p + v.depth * 4 * p * p * v.hidden_size for p in patches)
     proj = sum(2 * proj_total * p / 4 for p in patches)
     vis = run.vision
     bwd = lambda trained, upstream: 2 if trained else (1 if upstream else 0)  # noqa: E731
-    return (vit * (1 + bwd(not vis.freeze_vision_model, False))
-            + proj * (1 + bwd(not vis.freeze_vision_projection, not vis.freeze_vision_model))
-            + dec * (1 + bwd(not vis.freeze_language_model, True)))
+    return (
+        vit * (1 + bwd(not vis.freeze_vision_model, False))
+        + proj * (1 + bwd(not vis.freeze_vision_projection, not vis.freeze_vision_model))
+        + dec * (1 + bwd(not vis.freeze_language_model, True))
+    )
 
 
 def main() -> int:
@@ -108,24 +129,50 @@ def main() -> int:
     for r, batch in zip(rows[3:], per_step[3:], strict=True):
         f = flops_from_params(run, checks["params"], batch)
         tokens = sum(s["len"] for s in batch)
-        named = sum(r.get(k, 0.0) for k in ("time_vision_s", "time_projector_s", "time_decoder_s",
-                                             "time_optimizer_s", "time_data_s"))
-        cmp.append({"mfu": r["mfu"], "mfu_independent": f / (r["step_s"] * gpus * peak),
-                    "useful_tokens_per_s_per_gpu": r["useful_tokens_per_s_per_gpu"],
-                    "useful_tokens_per_s_per_gpu_independent": tokens / r["step_s"] / gpus,
-                    "nonpad_tokens": r["nonpad_tokens"], "nonpad_tokens_independent": tokens,
-                    "component_coverage": named / r["step_s"] if named else None})
-    med = {k: statistics.median(c[k] for c in cmp if c[k] is not None) if any(c[k] is not None for c in cmp)
-           else None for k in cmp[0]}
+        named = sum(
+            r.get(k, 0.0)
+            for k in ("time_vision_s", "time_projector_s", "time_decoder_s", "time_optimizer_s", "time_data_s")
+        )
+        cmp.append(
+            {
+                "mfu": r["mfu"],
+                "mfu_independent": f / (r["step_s"] * gpus * peak),
+                "useful_tokens_per_s_per_gpu": r["useful_tokens_per_s_per_gpu"],
+                "useful_tokens_per_s_per_gpu_independent": tokens / r["step_s"] / gpus,
+                "nonpad_tokens": r["nonpad_tokens"],
+                "nonpad_tokens_independent": tokens,
+                "component_coverage": named / r["step_s"] if named else None,
+            }
+        )
+    med = {
+        k: statistics.median(c[k] for c in cmp if c[k] is not None) if any(c[k] is not None for c in cmp) else None
+        for k in cmp[0]
+    }
     mfu_err = abs(med["mfu"] / med["mfu_independent"] - 1)
-    tok_err = max(abs(c["nonpad_tokens"] - c["nonpad_tokens_independent"]) / c["nonpad_tokens_independent"]
-                  for c in cmp)
-    ok = mfu_err <= TOLERANCE_MFU and tok_err <= TOLERANCE_TOKENS and (
-        med["component_coverage"] is None or abs(1 - med["component_coverage"]) <= TOLERANCE_COMPONENTS)
-    metrics = {**med, "mfu_rel_error": mfu_err, "nonpad_tokens_max_rel_error": tok_err,
-               "tolerance_mfu": TOLERANCE_MFU, "tolerance_components": TOLERANCE_COMPONENTS, "passed": bool(ok)}
-    results.append(a.results, a.name or a.run_dir.name, f"python benchmarks/metrics_check.py {a.run_dir}", metrics,
-                   measured_on="2x NVIDIA H200 (the run dir's GPU run); checked on CPU", steps_compared=len(cmp))
+    tok_err = max(
+        abs(c["nonpad_tokens"] - c["nonpad_tokens_independent"]) / c["nonpad_tokens_independent"] for c in cmp
+    )
+    ok = (
+        mfu_err <= TOLERANCE_MFU
+        and tok_err <= TOLERANCE_TOKENS
+        and (med["component_coverage"] is None or abs(1 - med["component_coverage"]) <= TOLERANCE_COMPONENTS)
+    )
+    metrics = {
+        **med,
+        "mfu_rel_error": mfu_err,
+        "nonpad_tokens_max_rel_error": tok_err,
+        "tolerance_mfu": TOLERANCE_MFU,
+        "tolerance_components": TOLERANCE_COMPONENTS,
+        "passed": bool(ok),
+    }
+    results.append(
+        a.results,
+        a.name or a.run_dir.name,
+        f"python benchmarks/metrics_check.py {a.run_dir}",
+        metrics,
+        measured_on="2x NVIDIA H200 (the run dir's GPU run); checked on CPU",
+        steps_compared=len(cmp),
+    )
     print(json.dumps(metrics, indent=1))
     return 0 if ok else 1
 

@@ -28,17 +28,30 @@ TOLERANCE = 0.02  # max |loss difference|: BF16 + non-deterministic MoE/grouped-
 
 
 def overrides(parallelism: str, ckpt: Path) -> list[str]:
-    return ["model=tiny", f"parallelism={parallelism}", "train.iterations=12", "train.save_interval=4",
-            "train.global_batch_size=8", "gpus_per_node=1", "dry_run=false", "wandb.enabled=false",
-            f"train.checkpoint_dir={ckpt}"]
+    return [
+        "model=tiny",
+        f"parallelism={parallelism}",
+        "train.iterations=12",
+        "train.save_interval=4",
+        "train.global_batch_size=8",
+        "gpus_per_node=1",
+        "dry_run=false",
+        "wandb.enabled=false",
+        f"train.checkpoint_dir={ckpt}",
+    ]
 
 
 def launch(args: list[str], run_dir: Path, gpu: int) -> subprocess.Popen:
     run_dir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(gpu), MASTER_PORT=str(29600 + gpu * 7 + len(run_dir.name)))
     log = (run_dir / "train.log").open("w")
-    return subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args, f"hydra.run.dir={run_dir}"],
-                            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), *args, f"hydra.run.dir={run_dir}"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+    )
 
 
 def losses(run_dir: Path) -> dict[int, float]:
@@ -79,13 +92,37 @@ def main() -> int:
     diff = max((abs(la[s] - lr[s]) for s in common), default=float("inf"))
     ok = rc_a == 0 and rc_b == 0 and resumed_from is not None and common and min(lr) > 0 and diff <= TOLERANCE
     cmd = "python train.py " + " ".join(b_args)
-    results.append(a.results, f"resume_{a.parallelism}_tiny_1gpu", cmd, {
-        "killed_after_step": killed_at, "checkpoint_step": resumed_from, "first_step_after_resume": min(lr, default=None),
-        "max_abs_loss_diff": diff, "tolerance": TOLERANCE, "passed": bool(ok)},
-        losses_uninterrupted=la, losses_before_kill=lk, losses_after_resume=lr,
-        runner=f"python benchmarks/resume_check.py --parallelism {a.parallelism} --gpu {a.gpu}")
-    print(json.dumps({"parallelism": a.parallelism, "ok": bool(ok), "diff": diff, "resumed_from": resumed_from,
-                      "killed_at": killed_at, "a": la, "resumed": lr}), flush=True)
+    results.append(
+        a.results,
+        f"resume_{a.parallelism}_tiny_1gpu",
+        cmd,
+        {
+            "killed_after_step": killed_at,
+            "checkpoint_step": resumed_from,
+            "first_step_after_resume": min(lr, default=None),
+            "max_abs_loss_diff": diff,
+            "tolerance": TOLERANCE,
+            "passed": bool(ok),
+        },
+        losses_uninterrupted=la,
+        losses_before_kill=lk,
+        losses_after_resume=lr,
+        runner=f"python benchmarks/resume_check.py --parallelism {a.parallelism} --gpu {a.gpu}",
+    )
+    print(
+        json.dumps(
+            {
+                "parallelism": a.parallelism,
+                "ok": bool(ok),
+                "diff": diff,
+                "resumed_from": resumed_from,
+                "killed_at": killed_at,
+                "a": la,
+                "resumed": lr,
+            }
+        ),
+        flush=True,
+    )
     return 0 if ok else 1
 
 

@@ -24,8 +24,13 @@ from vlmtrain import results  # noqa: E402
 from vlmtrain.run import local_gpus  # noqa: E402
 
 TINY = ["model=tiny", "train.iterations=12", "train.global_batch_size=8"]
-SHAPE_30B = ["model=qwen3_vl_30b_a3b", "model.num_layers=4", "data=realistic", "train.iterations=10",
-             "train.global_batch_size=8"]
+SHAPE_30B = [
+    "model=qwen3_vl_30b_a3b",
+    "model.num_layers=4",
+    "data=realistic",
+    "train.iterations=10",
+    "train.global_batch_size=8",
+]
 
 
 @dataclass
@@ -41,14 +46,22 @@ SUITES: dict[str, list[Case]] = {
         Case("tiny_fsdp_ep1_frozen_recompute-none_graph-none_1gpu", 1, [*TINY, "vision=frozen"]),
         Case("tiny_fsdp_ep1_trainable_recompute-selective_graph-none_1gpu", 1, [*TINY, "recompute=selective"]),
         Case("tiny_fsdp_ep1_trainable_recompute-full_graph-none_1gpu", 1, [*TINY, "recompute=full"]),
-        Case("tiny_3d_ep1_trainable_recompute-none_graph-moe_router_preprocess_1gpu", 1,
-             [*TINY, "parallelism=3d", "cuda_graph=moe_router_preprocess"]),
+        Case(
+            "tiny_3d_ep1_trainable_recompute-none_graph-moe_router_preprocess_1gpu",
+            1,
+            [*TINY, "parallelism=3d", "cuda_graph=moe_router_preprocess"],
+        ),
         Case("tiny_3d_ep1_trainable_recompute-none_graph-none_1gpu", 1, [*TINY, "parallelism=3d"]),
         Case("tiny_fsdp_ep2_trainable_recompute-none_graph-none_2gpu", 2, TINY),
         Case("tiny_3d_ep2_trainable_recompute-none_graph-none_2gpu", 2, [*TINY, "parallelism=3d"]),
-        Case("tiny_3d_tp2_ep2_trainable_recompute-none_graph-none_2gpu", 2, [*TINY, "parallelism=3d", "parallelism.tp=2"]),
-        Case("tiny_3d_pp2_ep1_trainable_recompute-none_graph-none_2gpu", 2,
-             [*TINY, "parallelism=3d", "parallelism.pp=2", "parallelism.ep=1"]),
+        Case(
+            "tiny_3d_tp2_ep2_trainable_recompute-none_graph-none_2gpu", 2, [*TINY, "parallelism=3d", "parallelism.tp=2"]
+        ),
+        Case(
+            "tiny_3d_pp2_ep1_trainable_recompute-none_graph-none_2gpu",
+            2,
+            [*TINY, "parallelism=3d", "parallelism.pp=2", "parallelism.ep=1"],
+        ),
         Case("30b-shape-l4_fsdp_ep1_trainable_recompute-none_graph-none_1gpu", 1, SHAPE_30B),
         Case("30b-shape-l4_fsdp_ep1_frozen_recompute-none_graph-none_1gpu", 1, [*SHAPE_30B, "vision=frozen"]),
         Case("30b-shape-l4_fsdp_ep2_trainable_recompute-none_graph-none_2gpu", 2, SHAPE_30B),
@@ -58,8 +71,15 @@ SUITES: dict[str, list[Case]] = {
 
 
 def command(case: Case, run_dir: Path) -> list[str]:
-    return [sys.executable, str(ROOT / "train.py"), *case.overrides, f"gpus_per_node={case.gpus}", "dry_run=false",
-            "wandb.enabled=false", f"hydra.run.dir={run_dir}"]
+    return [
+        sys.executable,
+        str(ROOT / "train.py"),
+        *case.overrides,
+        f"gpus_per_node={case.gpus}",
+        "dry_run=false",
+        "wandb.enabled=false",
+        f"hydra.run.dir={run_dir}",
+    ]
 
 
 def run_batch(cases: list[Case], out: Path, gpus: int) -> list[tuple[Case, int, Path, float]]:
@@ -68,12 +88,21 @@ def run_batch(cases: list[Case], out: Path, gpus: int) -> list[tuple[Case, int, 
     for case in cases:
         run_dir = out / case.name
         run_dir.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(str(next_gpu + i) for i in range(case.gpus)),
-                   MASTER_PORT=str(29500 + next_gpu * 10))
+        env = dict(
+            os.environ,
+            CUDA_VISIBLE_DEVICES=",".join(str(next_gpu + i) for i in range(case.gpus)),
+            MASTER_PORT=str(29500 + next_gpu * 10),
+        )
         next_gpu += case.gpus
         log = (run_dir / "train.log").open("w")
-        procs.append((case, subprocess.Popen(command(case, run_dir), stdout=log, stderr=subprocess.STDOUT, env=env),
-                      run_dir, time.time()))
+        procs.append(
+            (
+                case,
+                subprocess.Popen(command(case, run_dir), stdout=log, stderr=subprocess.STDOUT, env=env),
+                run_dir,
+                time.time(),
+            )
+        )
     return [(c, p.wait(), d, time.time() - t0) for c, p, d, t0 in procs]
 
 

@@ -35,14 +35,28 @@ def base_container(provider: Any) -> ConfigContainer:
 
     return ConfigContainer(
         model=provider,
-        train=TrainingConfig(train_iters=1, global_batch_size=1, micro_batch_size=1, manual_gc=True,
-                             manual_gc_interval=100),
+        train=TrainingConfig(
+            train_iters=1, global_batch_size=1, micro_batch_size=1, manual_gc=True, manual_gc_interval=100
+        ),
         validation=ValidationConfig(eval_interval=None, eval_iters=0),
-        optimizer=OptimizerConfig(optimizer="adam", lr=1e-4, min_lr=1e-5, weight_decay=0.1, bf16=True,
-                                  adam_beta1=0.9, adam_beta2=0.95, adam_eps=1e-8, clip_grad=1.0,
-                                  use_distributed_optimizer=True),
-        scheduler=SchedulerConfig(lr_decay_style="cosine", start_weight_decay=0.033, end_weight_decay=0.033,
-                                  weight_decay_incr_style="constant"),
+        optimizer=OptimizerConfig(
+            optimizer="adam",
+            lr=1e-4,
+            min_lr=1e-5,
+            weight_decay=0.1,
+            bf16=True,
+            adam_beta1=0.9,
+            adam_beta2=0.95,
+            adam_eps=1e-8,
+            clip_grad=1.0,
+            use_distributed_optimizer=True,
+        ),
+        scheduler=SchedulerConfig(
+            lr_decay_style="cosine",
+            start_weight_decay=0.033,
+            end_weight_decay=0.033,
+            weight_decay_incr_style="constant",
+        ),
         ddp=DistributedDataParallelConfig(check_for_nan_in_grad=True, grad_reduce_in_fp32=True),
         dataset=None,  # type: ignore[arg-type]  # the data group sets it
         logger=LoggerConfig(log_interval=1, log_throughput=True, timing_log_level=1),

@@ -1,7 +1,8 @@
 """Train-time callbacks on Bridge's loop: per-step token counters, step time, memory, losses -> metrics.jsonl.
 
 Counting happens on the collated CPU batch (no GPU sync); counters are summed over the data-parallel group
-once per logged step, so the numbers describe the whole global batch, not one rank's share.
+once per logged step, so the numbers describe the whole global batch, not one rank's share. The same wrapped
+iterator marks the data wait on the step timeline (vlmtrain.timing).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from vlmtrain import timing
+
 if TYPE_CHECKING:
     from vlmtrain.schema import RunConfig
 
@@ -20,10 +23,11 @@ COUNTERS = ("padded_tokens", "nonpad_tokens", "image_tokens", "text_tokens", "lo
 
 
 class StepCounters:
-    """Token/image counters of the micro-batches this rank consumed since the last reset."""
+    """Token/image counters of the micro-batches this rank consumed since the last reset, and the step timer."""
 
     def __init__(self, run: RunConfig):
         self.run = run
+        self.timer = timing.StepTimer()
         self.image_token_id: int | None = None
         self.samples: list[dict[str, Any]] = []  # per-sample (nonpad length, patches per image) for FLOPs
         self.reset()
@@ -70,7 +74,8 @@ class StepCounters:
             self.samples.append({"len": n_tok, "patches": imgs})
 
     def wrap(self, forward_step: Callable) -> Callable:
-        """A forward step whose data iterator counts every micro-batch it hands to Bridge's step."""
+        """A forward step whose data iterator counts every micro-batch it hands to Bridge's step and marks the
+        time spent in next() as data wait."""
         counters = self
 
         class _Counting:
@@ -81,7 +86,8 @@ class StepCounters:
                 return self
 
             def __next__(self) -> dict[str, Any]:
-                batch = next(self.it)
+                with counters.timer.data():
+                    batch = next(self.it)
                 counters.count(batch)
                 return batch
 

@@ -1,4 +1,4 @@
-""""Did it actually run" checks: a requested setting that would not take effect fails the run, never a
+""" "Did it actually run" checks: a requested setting that would not take effect fails the run, never a
 silent fallback (e.g. a flex dispatcher whose DeepEP/HybridEP package is not installed)."""
 
 from __future__ import annotations
@@ -22,13 +22,16 @@ def before_launch(run: RunConfig, cfg: ConfigContainer) -> None:
         try:
             import deep_ep
         except ImportError as e:
+            branch = "hybrid-ep branch" if backend == "hybridep" else "main"
             raise SettingNotApplied(
-                f"dispatcher={backend} needs the DeepEP package ({'hybrid-ep branch' if backend == 'hybridep' else 'main'})"
-                f", which is not installed here ({e}). Install it or use dispatcher=alltoall."
+                f"dispatcher={backend} needs the DeepEP package ({branch}), which is not installed here ({e}). "
+                "Install it or use dispatcher=alltoall."
             ) from e
         if backend == "hybridep" and not hasattr(deep_ep, "HybridEPBuffer"):
-            raise SettingNotApplied("dispatcher=hybridep: the installed deep_ep has no HybridEPBuffer (needs the "
-                                    "hybrid-ep branch). Use dispatcher=alltoall or dispatcher=deepep.")
+            raise SettingNotApplied(
+                "dispatcher=hybridep: the installed deep_ep has no HybridEPBuffer (needs the "
+                "hybrid-ep branch). Use dispatcher=alltoall or dispatcher=deepep."
+            )
 
 
 def _unwrap(module: Any) -> Any:
@@ -64,11 +67,18 @@ def after_model_build(run: RunConfig, context: Any) -> dict[str, Any]:
         "cuda_graph_modules": [getattr(m, "name", str(m)) for m in (cfg.cuda_graph_modules or [])],
         "params": params,
     }
-    dispatchers = {type(m.token_dispatcher).__name__ for c in context.model for m in _unwrap(c).modules()
-                   if hasattr(m, "token_dispatcher")}
+    dispatchers = {
+        type(m.token_dispatcher).__name__
+        for c in context.model
+        for m in _unwrap(c).modules()
+        if hasattr(m, "token_dispatcher")
+    }
     report["dispatcher_classes"] = sorted(dispatchers)
-    expected = {"alltoall": "MoEAlltoAllTokenDispatcher", "hybridep": "MoEFlexTokenDispatcher",
-                "deepep": "MoEFlexTokenDispatcher"}[str(run.dispatcher.backend)]
+    expected = {
+        "alltoall": "MoEAlltoAllTokenDispatcher",
+        "hybridep": "MoEFlexTokenDispatcher",
+        "deepep": "MoEFlexTokenDispatcher",
+    }[str(run.dispatcher.backend)]
     if dispatchers and expected not in dispatchers:
         raise SettingNotApplied(f"dispatcher={run.dispatcher.backend} requested but {sorted(dispatchers)} was built.")
     if run.recompute.granularity == "none" and cfg.recompute_modules:
@@ -106,12 +116,17 @@ def after_training(run: RunConfig, context: Any, frozen_before: dict[str, float]
     """Frozen towers did not move; requested CUDA graphs were captured (Bridge deletes them before the end of
     training, so `max_graphed` is the most graphed layers seen at any step end)."""
     frozen_after = frozen_checksums(context.model)
-    report = {"frozen_unchanged": frozen_after == frozen_before, "frozen_towers": sorted(frozen_before),
-              "graphed_layers": max_graphed}
+    report = {
+        "frozen_unchanged": frozen_after == frozen_before,
+        "frozen_towers": sorted(frozen_before),
+        "graphed_layers": max_graphed,
+    }
     if not report["frozen_unchanged"]:
         raise SettingNotApplied(f"frozen parameters changed during training: {frozen_before} -> {frozen_after}")
     steps = context.state.train_state.step
     if run.cuda_graph.modules and steps > run.cuda_graph.warmup_steps + 1 and max_graphed == 0:
-        raise SettingNotApplied(f"cuda_graph={run.choices.get('cuda_graph', run.cuda_graph.modules)} requested but no "
-                                "layer holds a captured CUDA graph.")
+        raise SettingNotApplied(
+            f"cuda_graph={run.choices.get('cuda_graph', run.cuda_graph.modules)} requested but no "
+            "layer holds a captured CUDA graph."
+        )
     return report

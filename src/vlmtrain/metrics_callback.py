@@ -1,8 +1,10 @@
-"""The Bridge Callback that turns each step into one honest row of `<run dir>/metrics.jsonl`.
+"""The Bridge Callback that turns each step into one honest row of `<run dir>/metrics.jsonl` (and of the W&B run).
 
-Per step: step time (CUDA-synchronised wall clock on each rank), peak memory (max over ranks), losses, the
-token/image counters and vlmtrain's FLOPs summed over the data-parallel group, useful tokens/s/GPU and MFU.
-The last rank (it holds the loss on the last pipeline stage) writes the file.
+Per step: step time (CUDA-synchronised wall clock, max over ranks), peak memory (max over ranks), losses, the
+token/image counters and vlmtrain's FLOPs summed over the data-parallel group, useful tokens/s/GPU and MFU; the
+per-component times of global rank 0 (vlmtrain.timing: the first pipeline stage, the one that runs the ViT); and
+Megatron Bridge's own numbers under their own names (megatron_*), computed by Bridge's code. The last rank (it holds
+the loss on the last pipeline stage, and is the rank Bridge logs from) writes the file and the W&B run.
 """
 
 from __future__ import annotations
@@ -14,19 +16,60 @@ from typing import TYPE_CHECKING, Any
 
 from megatron.bridge.training.callbacks import Callback
 
-from vlmtrain import metrics, world
+from vlmtrain import metrics, timing, wandb_log, world
 from vlmtrain.callbacks import COUNTERS, append_jsonl
 
 if TYPE_CHECKING:
+    from megatron.bridge.training.config import ConfigContainer
+
     from vlmtrain.callbacks import StepCounters
     from vlmtrain.schema import RunConfig
+
+TIMING_RANK = 0
+TIMED = (*timing.COMPONENTS, "data_host_s")
+
+
+def megatron_numbers(cfg: ConfigContainer, batch_size: int, stats: tuple, step_s: float,
+                     world_size: int) -> dict[str, float]:
+    """What Bridge reports for this step, by Bridge's own code, over our step time: tokens/s = GBS x seq_length /
+    time (padding counted, report_throughput's definition) and model TFLOP/s/GPU from flop_utils'
+    num_floating_point_operations with the arguments train.py passes (`stats` = its
+    resolve_global_flops_runtime_stats: padded sequence sums and ViT patches of the step)."""
+    from megatron.bridge.training.utils.flop_utils import num_floating_point_operations
+
+    seqlen_sum, seqlen_squared_sum, patches, cross_sum, cross_product_sum = stats
+    flops = float(num_floating_point_operations(cfg, batch_size=batch_size, seqlen_sum=seqlen_sum,
+                                                seqlen_squared_sum=seqlen_squared_sum, num_vision_patches=patches,
+                                                cross_seqlen_sum=cross_sum, cross_seqlen_product_sum=cross_product_sum))
+    tokens = cfg.train.global_batch_size * cfg.dataset.seq_length
+    return {"megatron_flops": flops, "megatron_tokens_per_s": tokens / step_s,
+            "megatron_tokens_per_s_per_gpu": tokens / step_s / world_size,
+            "megatron_tflops_per_s_per_gpu": flops / step_s / world_size / 1e12}
+
+
+def bridge_step_stats(context: Any) -> tuple[int, tuple]:
+    """(global batch size, FLOPs sequence stats) of this step exactly as train.py resolves them after the step
+    (all ranks call this: for THD-packed batches Bridge's resolver all-reduces over the data-parallel group)."""
+    from megatron.bridge.training.utils.flop_utils import resolve_global_flops_runtime_stats
+    from megatron.bridge.training.utils.pg_utils import get_pg_collection
+    from megatron.core.num_microbatches_calculator import get_num_microbatches
+
+    cfg = context.state.cfg
+    dp = get_pg_collection(context.model).dp
+    cross = hasattr(cfg.model, "_get_num_floating_point_operations_with_runtime_stats")
+    stats = resolve_global_flops_runtime_stats(
+        context.state, data_parallel_size=dp.size(), vp_size=cfg.model.virtual_pipeline_model_parallel_size,
+        dp_group=dp, include_cross_attention_stats=cross)
+    return dp.size() * cfg.train.micro_batch_size * get_num_microbatches(), stats
 
 
 class MetricsCallback(Callback):
     def __init__(self, run: RunConfig, counters: StepCounters):
+        wandb_log.check_bridge_logger(run)
         self.run, self.counters = run, counters
         self.path = Path(run.output_dir) / "metrics.jsonl"
         self.t0 = 0.0
+        self.wandb_run: Any = None
 
     def _is_writer(self) -> bool:
         import torch.distributed as dist
@@ -39,6 +82,10 @@ class MetricsCallback(Callback):
         self.report = checks.after_model_build(self.run, context)
         self.frozen_before = checks.frozen_checksums(context.model)
         self.max_graphed = 0
+        self.counters.timer.attach(context.model, context.optimizer)
+        if self._is_writer():
+            self.wandb_run = wandb_log.init(self.run, context.state.cfg)
+            wandb_log.hand_to_bridge(context.state, self.wandb_run)
         self._write_checks()
 
     def on_train_end(self, context: Any) -> None:
@@ -46,6 +93,9 @@ class MetricsCallback(Callback):
 
         self.report.update(checks.after_training(self.run, context, self.frozen_before, self.max_graphed))
         self._write_checks()
+        self.counters.timer.detach()
+        if self._is_writer():
+            wandb_log.summarize(self.wandb_run, {"checks": self.report})
 
     def _write_checks(self) -> None:
         if self._is_writer():
@@ -57,6 +107,7 @@ class MetricsCallback(Callback):
 
         torch.cuda.synchronize()
         self.t0 = time.perf_counter()
+        self.counters.timer.start()
 
     def on_train_step_end(self, context: Any) -> None:
         import torch
@@ -65,6 +116,7 @@ class MetricsCallback(Callback):
 
         from vlmtrain import checks
 
+        self.counters.timer.stop()
         torch.cuda.synchronize()
         step_s = time.perf_counter() - self.t0
         if self.run.cuda_graph.modules:
@@ -73,14 +125,26 @@ class MetricsCallback(Callback):
         local = [float(self.counters.totals[k]) for k in COUNTERS] + [fl.vit, fl.projector, fl.decoder]
         vec = torch.tensor(local, dtype=torch.float64, device="cuda")
         dist.all_reduce(vec, group=parallel_state.get_data_parallel_group())
-        peak = torch.tensor([torch.cuda.max_memory_allocated() / 2**30], device="cuda")
+        # One MAX over all ranks: peak memory, step time, and rank 0's component times (zeros elsewhere).
+        times = self.counters.timer.totals() if dist.get_rank() == TIMING_RANK else {}
+        maxed = [torch.cuda.max_memory_allocated() / 2**30, step_s] + [times.get(k, 0.0) for k in TIMED]
+        peak = torch.tensor(maxed, dtype=torch.float64, device="cuda")
         dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+        batch_size, stats = bridge_step_stats(context)
         self.counters.reset()
         if not self._is_writer():
             return
-        vals = vec.tolist()
-        row: dict[str, Any] = {"step": context.state.train_state.step, "step_s": step_s,
-                               "peak_mem_gib": peak.item(), "data_kind": str(self.run.data.kind)}
+        peak_gib, step_s, *timed = peak.tolist()
+        row = self._row(context, vec.tolist(), peak_gib, step_s)
+        row.update(timing.row(dict(zip(TIMED, timed, strict=True)), step_s), data_host_s=timed[-1])
+        row.update(megatron_numbers(context.state.cfg, batch_size, stats, step_s, dist.get_world_size()))
+        append_jsonl(self.path, row)
+        wandb_log.log_row(self.wandb_run, row)
+
+    def _row(self, context: Any, vals: list[float], peak_gib: float, step_s: float) -> dict[str, Any]:
+        """Counters, vlmtrain FLOPs and throughput, losses and grad norm of this step."""
+        row: dict[str, Any] = {"step": context.state.train_state.step, "step_s": step_s, "peak_mem_gib": peak_gib,
+                               "data_kind": str(self.run.data.kind)}
         row.update({k: int(v) for k, v in zip(COUNTERS, vals[: len(COUNTERS)], strict=True)})
         flops_vit, flops_proj, flops_dec = vals[len(COUNTERS):]
         total = flops_vit + flops_proj + flops_dec
@@ -94,4 +158,4 @@ class MetricsCallback(Callback):
             row[k.replace(" ", "_")] = float(v.item() if hasattr(v, "item") else v)
         if context.grad_norm is not None:
             row["grad_norm"] = float(context.grad_norm)
-        append_jsonl(self.path, row)
+        return row

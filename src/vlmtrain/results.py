@@ -49,8 +49,9 @@ def summarize(run_dir: Path, skip: int = 3) -> dict[str, Any]:
 
 def machine() -> str:
     try:
-        names = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                               text=True, check=True).stdout.split("\n")
+        names = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, check=True
+        ).stdout.split("\n")
         names = [n.strip() for n in names if n.strip()]
         return f"{len(names)}x {names[0]}" if names else "cpu"
     except (OSError, subprocess.CalledProcessError):
@@ -58,8 +59,14 @@ def machine() -> str:
 
 
 def append(results: Path, name: str, command: str, metrics: dict[str, Any], **extra: Any) -> dict[str, Any]:
-    row = {"name": name, "command": command, "date": dt.date.today().isoformat(), "machine": machine(),
-           "metrics": metrics, **extra}
+    row = {
+        "name": name,
+        "command": command,
+        "date": dt.date.today().isoformat(),
+        "machine": machine(),
+        "metrics": metrics,
+        **extra,
+    }
     results.parent.mkdir(parents=True, exist_ok=True)
     with results.open("a") as f:
         f.write(json.dumps(row) + "\n")

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 from vlmtrain.groups.cuda_graph import CudaGraphConfig
 from vlmtrain.groups.data import DataConfig
@@ -35,6 +35,8 @@ class WandbConfig:
     job_type: str = "train"
     tags: list[str] = field(default_factory=list)
     """Extra tags; every group choice, the model, data kind and versions are tagged automatically."""
+    init_timeout_s: float = 15.0
+    """Online only: how long wandb.init may wait for the server before the run falls back to offline."""
 
 
 @dataclass
@@ -72,5 +74,21 @@ class RunConfig:
     """The group options chosen (filled from Hydra's runtime choices; used in tags and the plan)."""
 
 
+def _gpus_per_node(*, _root_: DictConfig) -> int:
+    """`${vlmtrain.gpus_per_node:}`: `gpus_per_node`, else the hardware group's (world.gpus_per_node's rule),
+    for config that only sees the raw config, e.g. conf/hydra/launcher/slurm.yaml's tasks and GPUs per node."""
+    explicit = _root_.get("gpus_per_node")
+    return int(explicit) if explicit is not None else int(_root_.hardware.gpus_per_node)
+
+
+def register_resolvers() -> None:
+    if not OmegaConf.has_resolver("vlmtrain.gpus_per_node"):
+        OmegaConf.register_new_resolver("vlmtrain.gpus_per_node", _gpus_per_node)
+
+
 def register() -> None:
     ConfigStore.instance().store(name="run_schema", node=RunConfig)
+    register_resolvers()
+
+
+register_resolvers()  # also in processes that only unpickle configs (submitit jobs)

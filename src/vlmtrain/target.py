@@ -32,8 +32,13 @@ def declared_target(run: RunConfig) -> Iterator[None]:
     hw = run.hardware
     os.environ.update(WORLD_SIZE=str(world.layout(run).world_size), RANK="0", LOCAL_RANK="0")
     if not torch.cuda.is_available():
-        props = SimpleNamespace(major=hw.sm_major, minor=hw.sm_minor, name=hw.device_name,
-                                total_memory=int(hw.memory_gib * 2**30), multi_processor_count=132)
+        props = SimpleNamespace(
+            major=hw.sm_major,
+            minor=hw.sm_minor,
+            name=hw.device_name,
+            total_memory=int(hw.memory_gib * 2**30),
+            multi_processor_count=132,
+        )
         torch.cuda.get_device_properties = lambda *_a, **_k: props
     try:
         yield

@@ -24,10 +24,19 @@ def user_data(tmp_path: Path) -> Path:
         {"id": "ok-1", "image": f"{PHOTOS[0].name}.jpg", "prompt": "What is shown?", "answer": PHOTOS[0].caption},
         {"id": "missing", "image": "nope.jpg", "prompt": "What is shown?", "answer": "x"},
         {"id": "corrupt", "image": "broken.jpg", "prompt": "What is shown?", "answer": "y"},
-        {"id": "ok-2", "conversation": [
-            {"role": "user", "content": [{"type": "image", "image": f"{PHOTOS[1].name}.jpg"},
-                                         {"type": "text", "text": "Describe."}]},
-            {"role": "assistant", "content": [{"type": "text", "text": PHOTOS[1].caption}]}]},
+        {
+            "id": "ok-2",
+            "conversation": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "image", "image": f"{PHOTOS[1].name}.jpg"},
+                        {"type": "text", "text": "Describe."},
+                    ],
+                },
+                {"role": "assistant", "content": [{"type": "text", "text": PHOTOS[1].caption}]},
+            ],
+        },
     ]
     path = tmp_path / "train.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -40,8 +49,7 @@ def test_missing_image_names_the_sample(user_data: Path, tmp_path: Path):
 
 
 def test_skip_bad_drops_and_counts(user_data: Path, tmp_path: Path):
-    out = jsonl.resolve(user_data, str(user_data.parent / "images"), tmp_path / "out", seq_length=4096,
-                        skip_bad=True)
+    out = jsonl.resolve(user_data, str(user_data.parent / "images"), tmp_path / "out", seq_length=4096, skip_bad=True)
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["id"] for r in rows] == ["ok-1", "ok-2"]
     report = json.loads(out.with_suffix(".report.json").read_text())

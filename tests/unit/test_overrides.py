@@ -18,8 +18,20 @@ def test_typo_in_nested_key_names_valid_keys_and_closest():
 
 
 def test_valid_keys_pass():
-    assert check_args(["train.micro_batch_size=2", "model.vit.depth=2", "parallelism=3d", "+bridge.model.x=1",
-                       "hardware.env.FOO=1", "data.payload.seed=3", "hydra.run.dir=x"]) is None
+    assert (
+        check_args(
+            [
+                "train.micro_batch_size=2",
+                "model.vit.depth=2",
+                "parallelism=3d",
+                "+bridge.model.x=1",
+                "hardware.env.FOO=1",
+                "data.payload.seed=3",
+                "hydra.run.dir=x",
+            ]
+        )
+        is None
+    )
 
 
 def test_top_level_typo():
@@ -28,7 +40,8 @@ def test_top_level_typo():
 
 def test_unknown_group_option_lists_available_options():
     """Hydra itself answers an unknown group option with the available ones; train.py keeps that."""
-    out = subprocess.run([sys.executable, str(ROOT / "train.py"), "parallelism=fsd"], capture_output=True, text=True,
-                         cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), "parallelism=fsd"], capture_output=True, text=True, cwd=ROOT
+    )
     assert out.returncode != 0
     assert "Available options in 'parallelism'" in out.stderr and "fsdp" in out.stderr and "3d" in out.stderr

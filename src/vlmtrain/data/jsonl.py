@@ -60,7 +60,9 @@ def resolve(path: Path, image_dir: str | None, out_dir: Path, seq_length: int, s
     if not base.is_dir():
         raise FileNotFoundError(f"data.image_dir={base} does not exist.")
     st = path.stat()
-    key = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{base.resolve()}|{skip_bad}|{seq_length}".encode())
+    key = hashlib.sha256(
+        f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{base.resolve()}|{skip_bad}|{seq_length}".encode()
+    )
     out_dir.mkdir(parents=True, exist_ok=True)
     out = out_dir / f"{path.stem}-{key.hexdigest()[:12]}.jsonl"
     if out.exists():
@@ -88,8 +90,7 @@ def resolve(path: Path, image_dir: str | None, out_dir: Path, seq_length: int, s
                 image_tokens += tokens
                 problem = problem or (why and f"image {img}: {why}")
         if not problem and image_tokens >= seq_length:
-            problem = (f"its images need {image_tokens} tokens but train.seq_length={seq_length}; raise "
-                       "train.seq_length")
+            problem = f"its images need {image_tokens} tokens but train.seq_length={seq_length}; raise train.seq_length"
         if problem:
             if not skip_bad:
                 raise BadSample(

@@ -127,14 +127,24 @@ def _prepare(run: RunConfig) -> Path | None:
     if d.kind == Kind.realistic:
         p = d.payload
         dist = realistic.PayloadDistribution(
-            image_tokens_min=p.image_tokens_min, image_tokens_max=p.image_tokens_max,
-            images_per_sample=list(p.images_per_sample), prompt_words_min=p.prompt_words_min,
-            prompt_words_max=p.prompt_words_max, answer_words_min=p.answer_words_min,
-            answer_words_max=p.answer_words_max, seed=p.seed)
+            image_tokens_min=p.image_tokens_min,
+            image_tokens_max=p.image_tokens_max,
+            images_per_sample=list(p.images_per_sample),
+            prompt_words_min=p.prompt_words_min,
+            prompt_words_max=p.prompt_words_max,
+            answer_words_min=p.answer_words_min,
+            answer_words_max=p.answer_words_max,
+            seed=p.seed,
+        )
         return realistic.generate(dist, p.num_samples, cache_dir(run) / "realistic")
     if d.kind == Kind.jsonl:
-        return jsonl.resolve(Path(d.path), d.image_dir, cache_dir(run) / "jsonl", seq_length=run.train.seq_length,
-                             skip_bad=d.skip_bad_images)
+        return jsonl.resolve(
+            Path(d.path),
+            d.image_dir,
+            cache_dir(run) / "jsonl",
+            seq_length=run.train.seq_length,
+            skip_bad=d.skip_bad_images,
+        )
     return None
 
 
@@ -143,12 +153,17 @@ def _hf_source(run: RunConfig, prepared: Path | None) -> Any:
 
     d = run.data
     if prepared is not None:
-        return HFDatasetSourceConfig(path_or_dataset="json", split="train",
-                                     load_kwargs={"data_files": {"train": str(prepared)}})
+        return HFDatasetSourceConfig(
+            path_or_dataset="json", split="train", load_kwargs={"data_files": {"train": str(prepared)}}
+        )
     if d.kind == Kind.parquet:
-        return HFDatasetSourceConfig(path_or_dataset="parquet", split="train",
-                                     load_kwargs={"data_files": {"train": str(Path(d.path).expanduser())}},
-                                     schema_adapter=d.schema_adapter or "rdr", adapter_kwargs={"prompt": d.prompt})
+        return HFDatasetSourceConfig(
+            path_or_dataset="parquet",
+            split="train",
+            load_kwargs={"data_files": {"train": str(Path(d.path).expanduser())}},
+            schema_adapter=d.schema_adapter or "rdr",
+            adapter_kwargs={"prompt": d.prompt},
+        )
     from megatron.bridge.data.sources.hf import _HF_DATASET_PRESETS
 
     if d.path in _HF_DATASET_PRESETS:
@@ -165,23 +180,42 @@ def pads_to_max_length(run: RunConfig) -> bool:
 def apply(run: RunConfig, cfg: ConfigContainer) -> None:
     d, seq = run.data, run.train.seq_length
     proc = str(processor_dir(run))
-    common: dict[str, Any] = dict(seq_length=seq, num_workers=d.num_workers, pad_to_max_length=pads_to_max_length(run),
-                                  enable_in_batch_packing=d.packing, defer_in_batch_packing_to_step=d.packing)
+    common: dict[str, Any] = dict(
+        seq_length=seq,
+        num_workers=d.num_workers,
+        pad_to_max_length=pads_to_max_length(run),
+        enable_in_batch_packing=d.packing,
+        defer_in_batch_packing_to_step=d.packing,
+    )
     if d.kind == Kind.mock:
         from megatron.bridge.data.builders.mock_vlm_sft import MockVLMSFTDatasetConfig
 
-        cfg.dataset = MockVLMSFTDatasetConfig(hf_processor_path=proc, prompt=d.prompt, num_images=d.mock_num_images,
-                                              image_size=tuple(d.mock_image_size), random_seed=run.train.seed,
-                                              dataloader_type="cyclic", **common)
+        cfg.dataset = MockVLMSFTDatasetConfig(
+            hf_processor_path=proc,
+            prompt=d.prompt,
+            num_images=d.mock_num_images,
+            image_size=tuple(d.mock_image_size),
+            random_seed=run.train.seed,
+            dataloader_type="cyclic",
+            **common,
+        )
     elif d.kind == Kind.energon:
         from megatron.bridge.data.builders.energon import EnergonDatasetConfig, QwenVLEnergonTaskEncoderConfig
 
-        cfg.dataset = EnergonDatasetConfig(path=d.path, micro_batch_size=run.train.micro_batch_size,
-                                           task_encoder=QwenVLEnergonTaskEncoderConfig(hf_processor_path=proc,
-                                                                                       patch_size=16), **common)
+        cfg.dataset = EnergonDatasetConfig(
+            path=d.path,
+            micro_batch_size=run.train.micro_batch_size,
+            task_encoder=QwenVLEnergonTaskEncoderConfig(hf_processor_path=proc, patch_size=16),
+            **common,
+        )
     else:
         from megatron.bridge.data.builders.direct_hf_sft import DirectHFSFTDatasetConfig
 
-        cfg.dataset = DirectHFSFTDatasetConfig(source=_hf_source(run, prepare(run)), hf_processor_path=proc,
-                                               do_validation=False, do_test=False, dataloader_type="cyclic",
-                                               **common)
+        cfg.dataset = DirectHFSFTDatasetConfig(
+            source=_hf_source(run, prepare(run)),
+            hf_processor_path=proc,
+            do_validation=False,
+            do_test=False,
+            dataloader_type="cyclic",
+            **common,
+        )

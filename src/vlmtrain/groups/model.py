@@ -90,33 +90,71 @@ def _token_ids(processor_dir: str | None) -> dict[str, int]:
     """Special-token ids of the tokenizer the data is processed with (Qwen3's unless told otherwise); cached,
     since loading the 151k-token tokenizer takes seconds."""
     if processor_dir is None:
-        return {"image_token_id": 151655, "video_token_id": 151656, "vision_start_token_id": 151652,
-                "vision_end_token_id": 151653, "bos_token_id": 151643, "eos_token_id": 151645}
+        return {
+            "image_token_id": 151655,
+            "video_token_id": 151656,
+            "vision_start_token_id": 151652,
+            "vision_end_token_id": 151653,
+            "bos_token_id": 151643,
+            "eos_token_id": 151645,
+        }
     from vlmtrain.data.processor import vision_token_ids
 
     ids = vision_token_ids(processor_dir)
-    return {k: ids[k] for k in ("image_token_id", "video_token_id", "vision_start_token_id",
-                                "vision_end_token_id", "bos_token_id", "eos_token_id")}
+    return {
+        k: ids[k]
+        for k in (
+            "image_token_id",
+            "video_token_id",
+            "vision_start_token_id",
+            "vision_end_token_id",
+            "bos_token_id",
+            "eos_token_id",
+        )
+    }
 
 
 def hf_config(m: ModelConfig, processor_dir: str | None = None) -> Any:
     """The transformers config of the architecture, with the processor's token ids."""
     ids = _token_ids(processor_dir)
-    vision = dict(depth=m.vit.depth, hidden_size=m.vit.hidden_size, intermediate_size=m.vit.intermediate_size,
-                  num_heads=m.vit.num_heads, out_hidden_size=m.hidden_size, patch_size=16,
-                  temporal_patch_size=2, spatial_merge_size=2, num_position_embeddings=2304)
-    text = dict(vocab_size=m.vocab_size, hidden_size=m.hidden_size, num_hidden_layers=m.num_layers,
-                num_attention_heads=m.num_attention_heads, num_key_value_heads=m.num_query_groups,
-                head_dim=m.head_dim, num_experts=m.num_experts, num_experts_per_tok=m.moe_topk,
-                moe_intermediate_size=m.moe_ffn_hidden_size, bos_token_id=ids["bos_token_id"],
-                eos_token_id=ids["eos_token_id"], tie_word_embeddings=False)
+    vision = dict(
+        depth=m.vit.depth,
+        hidden_size=m.vit.hidden_size,
+        intermediate_size=m.vit.intermediate_size,
+        num_heads=m.vit.num_heads,
+        out_hidden_size=m.hidden_size,
+        patch_size=16,
+        temporal_patch_size=2,
+        spatial_merge_size=2,
+        num_position_embeddings=2304,
+    )
+    text = dict(
+        vocab_size=m.vocab_size,
+        hidden_size=m.hidden_size,
+        num_hidden_layers=m.num_layers,
+        num_attention_heads=m.num_attention_heads,
+        num_key_value_heads=m.num_query_groups,
+        head_dim=m.head_dim,
+        num_experts=m.num_experts,
+        num_experts_per_tok=m.moe_topk,
+        moe_intermediate_size=m.moe_ffn_hidden_size,
+        bos_token_id=ids["bos_token_id"],
+        eos_token_id=ids["eos_token_id"],
+        tie_word_embeddings=False,
+    )
     top = {k: ids[k] for k in ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")}
     if m.family == Family.qwen3_vl:
         from transformers import Qwen3VLMoeConfig
 
-        text.update(intermediate_size=m.moe_ffn_hidden_size * m.moe_topk,
-                    rope_parameters={"rope_type": "default", "rope_theta": m.rope_theta,
-                                     "mrope_section": list(m.mrope_section), "mrope_interleaved": True})
+        text.update(
+            intermediate_size=m.moe_ffn_hidden_size * m.moe_topk,
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": m.rope_theta,
+                "mrope_section": list(m.mrope_section),
+                "mrope_interleaved": True,
+            },
+        )
         vision["deepstack_visual_indexes"] = list(m.vit.deepstack_indexes)
         cfg = Qwen3VLMoeConfig(text_config=text, vision_config=vision, tie_word_embeddings=False, **top)
         cfg.architectures = ["Qwen3VLMoeForConditionalGeneration"]
@@ -124,13 +162,24 @@ def hf_config(m: ModelConfig, processor_dir: str | None = None) -> Any:
     from transformers import Qwen3_5MoeConfig
 
     la = m.linear_attention or LinearAttentionConfig()
-    text.update(shared_expert_intermediate_size=m.shared_expert_ffn_hidden_size,
-                linear_key_head_dim=la.key_head_dim, linear_value_head_dim=la.value_head_dim,
-                linear_num_key_heads=la.num_key_heads, linear_num_value_heads=la.num_value_heads,
-                layer_types=["full_attention" if (i + 1) % la.full_attention_interval == 0 else "linear_attention"
-                             for i in range(m.num_layers)],
-                rope_parameters={"rope_type": "default", "rope_theta": m.rope_theta, "partial_rotary_factor": 0.25,
-                                 "mrope_section": list(m.mrope_section), "mrope_interleaved": True})
+    text.update(
+        shared_expert_intermediate_size=m.shared_expert_ffn_hidden_size,
+        linear_key_head_dim=la.key_head_dim,
+        linear_value_head_dim=la.value_head_dim,
+        linear_num_key_heads=la.num_key_heads,
+        linear_num_value_heads=la.num_value_heads,
+        layer_types=[
+            "full_attention" if (i + 1) % la.full_attention_interval == 0 else "linear_attention"
+            for i in range(m.num_layers)
+        ],
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": m.rope_theta,
+            "partial_rotary_factor": 0.25,
+            "mrope_section": list(m.mrope_section),
+            "mrope_interleaved": True,
+        },
+    )
     cfg = Qwen3_5MoeConfig(text_config=text, vision_config=vision, tie_word_embeddings=False, **top)
     cfg.architectures = ["Qwen3_5MoeForConditionalGeneration"]
     return cfg
@@ -140,9 +189,7 @@ def build_provider(run: RunConfig, processor_dir: str | None = None) -> Any:
     """Megatron Bridge's model provider for the architecture (AutoBridge.from_hf_config, no weights)."""
     from megatron.bridge import AutoBridge
 
-    provider = AutoBridge.from_hf_config(hf_config(run.model, processor_dir)).to_megatron_provider(
-        load_weights=False
-    )
+    provider = AutoBridge.from_hf_config(hf_config(run.model, processor_dir)).to_megatron_provider(load_weights=False)
     if run.model.family == Family.qwen35_vl:
         provider.mrope_section = list(run.model.mrope_section)  # its bridge reads only rope_scaling
     return provider

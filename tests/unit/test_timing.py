@@ -1,0 +1,142 @@
+"""vlmtrain.timing on CPU: the pure arithmetic, and the hook wiring on real torch modules with real autograd.
+
+CUDA events are the only GPU-only piece (timing.cuda_mark / cuda_elapsed_s); here the same Timeline runs on the
+host clock, which is exact for CPU execution.
+"""
+
+from __future__ import annotations
+
+import time
+from itertools import count
+
+import pytest
+import torch
+from torch import nn
+
+from vlmtrain import timing
+
+
+def test_attribute_gives_each_interval_to_the_mark_before_it() -> None:
+    labels = ["other", "data", "other", "vision", "projector", "vision", "decoder", "other"]
+    durations = [0.5, 1.0, 0.25, 2.0, 0.5, 1.5, 3.0]
+    assert timing.attribute(labels, durations) == {"other": 0.75, "data": 1.0, "vision": 3.5, "projector": 0.5,
+                                                   "decoder": 3.0}
+    assert timing.attribute(["other"], []) == {}
+    with pytest.raises(ValueError, match="3 marks need 2 intervals"):
+        timing.attribute(["a", "b", "c"], [1.0])
+
+
+def test_row_adds_up_to_step_time_and_reports_coverage() -> None:
+    totals = {"vision": 1.0, "projector": 0.25, "decoder": 2.0, "optimizer": 0.5, "data": 0.25, "other": 9.0}
+    row = timing.row(totals, step_s=5.0)
+    assert set(row) == {*timing.KEYS, "time_other_s", "component_coverage"}
+    assert row["time_other_s"] == pytest.approx(1.0)
+    assert sum(row[k] for k in timing.KEYS) + row["time_other_s"] == pytest.approx(5.0)
+    assert row["component_coverage"] == pytest.approx(0.8)
+
+
+def test_row_never_reports_negative_other() -> None:
+    row = timing.row({"decoder": 1.0000001}, step_s=1.0)  # event vs wall clock resolution
+    assert row["time_other_s"] == 0.0
+    assert row["component_coverage"] == pytest.approx(1.0)
+    assert timing.row({}, step_s=0.0) == {**dict.fromkeys(timing.KEYS, 0.0), "time_other_s": 0.0,
+                                          "component_coverage": 0.0}
+
+
+def test_timeline_nests_forward_sections_and_records_only_inside_a_step() -> None:
+    tl = timing.Timeline(clock=count().__next__)
+    tl.enter("vision")  # before the step: no mark, but the stack stays balanced
+    tl.exit()
+    tl.begin()
+    tl.enter("vision")
+    tl.enter("projector")
+    tl.exit()
+    tl.exit()
+    tl.switch("decoder")
+    tl.end()
+    assert tl.marks == [("other", 0), ("vision", 1), ("projector", 2), ("vision", 3), ("other", 4), ("decoder", 5),
+                        ("other", 6)]
+    tl.switch("decoder")
+    assert len(tl.marks) == 7
+
+
+def test_timeline_skips_marks_the_clock_refuses() -> None:
+    """cuda_mark returns None while a CUDA graph is being captured; such marks are dropped."""
+    tokens = iter([0, None, 2])
+    tl = timing.Timeline(clock=lambda: next(tokens))
+    tl.begin()
+    tl.enter("decoder")
+    tl.exit()
+    assert tl.marks == [("other", 0), ("other", 2)]
+
+
+class Optimizer:
+    """A plain object with a step() method, as Megatron's optimizer has."""
+
+    def step(self) -> tuple[bool, float, int]:
+        time.sleep(0.002)
+        return True, 1.0, 0
+
+
+def towers() -> tuple[nn.Sequential, nn.Linear]:
+    """A ViT-like tower (blocks then a merger) and a decoder, as plain torch modules."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8)), nn.Linear(8, 8)
+
+
+def timed_step(timer: timing.StepTimer, vision: nn.Module, decoder: nn.Module, opt: Optimizer) -> list[str]:
+    timer.start()
+    with timer.data():
+        time.sleep(0.002)
+    out = decoder(vision(torch.randn(4, 8)))
+    out.sum().backward()
+    opt.step()
+    timer.stop()
+    return [label for label, _ in timer.timeline.marks]
+
+
+@pytest.fixture
+def host_timer() -> timing.StepTimer:
+    return timing.StepTimer(clock=time.perf_counter, elapsed=timing.host_elapsed_s)
+
+
+def attach(timer: timing.StepTimer, vision: nn.Sequential, decoder: nn.Linear, opt: Optimizer) -> None:
+    """As StepTimer.attach does for Qwen3VLModel: vision tower, its merger, the decoder, the optimizer."""
+    timer.attach_module(vision, "vision", None)
+    timer.attach_module(vision[1], "projector", "vision")
+    timer.attach_module(decoder, "decoder", timing.OTHER, closes_backward=True)
+    timer.attach_optimizer(opt)
+
+
+def test_hooks_follow_forward_and_backward_through_the_towers(host_timer: timing.StepTimer) -> None:
+    vision, decoder = towers()
+    opt = Optimizer()
+    attach(host_timer, vision, decoder, opt)
+    labels = timed_step(host_timer, vision, decoder, opt)
+    forward = ["other", "data", "other", "vision", "projector", "vision", "other", "decoder", "other"]
+    # backward: decoder; its input's gradient ends it; the merger; the ViT blocks; autograd's final callback
+    backward = ["decoder", "other", "projector", "vision", "other"]
+    assert labels == [*forward, *backward, "optimizer", "other", "other"]
+    totals = host_timer.totals()
+    assert set(totals) == {*timing.COMPONENTS, "data_host_s"}
+    assert totals["optimizer"] >= 0.002 and totals["data"] >= 0.002 and totals["data_host_s"] >= 0.002
+    assert all(v > 0 for v in totals.values())
+
+
+def test_frozen_vision_has_no_vision_backward(host_timer: timing.StepTimer) -> None:
+    vision, decoder = towers()
+    vision[0].requires_grad_(False)
+    opt = Optimizer()
+    attach(host_timer, vision, decoder, opt)
+    labels = timed_step(host_timer, vision, decoder, opt)
+    backward = labels[labels.index("decoder", 8):labels.index("optimizer")]
+    assert backward == ["decoder", "other", "projector", "other"]
+
+
+def test_detach_removes_every_hook(host_timer: timing.StepTimer) -> None:
+    vision, decoder = towers()
+    opt = Optimizer()
+    attach(host_timer, vision, decoder, opt)
+    host_timer.detach()
+    labels = timed_step(host_timer, vision, decoder, opt)
+    assert labels == ["other", "data", "other", "other"]

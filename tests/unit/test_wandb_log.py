@@ -1,0 +1,352 @@
+"""vlmtrain's W&B run on CPU, read back from its offline `.wandb` file: identity, redacted config, metric rows.
+
+The run is built from the real composed config and Bridge's real ConfigContainer for the GPU case whose metrics
+are in tests/fixtures; its metric rows go through the functions metrics_callback uses (megatron_numbers, log_row),
+and Bridge's own metrics through Bridge's own GlobalState.wandb_logger.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import glob
+import json
+import os
+import re
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from omegaconf import OmegaConf
+
+from vlmtrain import launch, redact, wandb_log
+from vlmtrain.compose import compose
+from vlmtrain.schema import RunConfig
+
+CASE = Path(__file__).parents[1] / "fixtures/gpu_cases/30b-shape-l4_fsdp_ep2_trainable_recompute-none_graph-none_2gpu"
+# benchmarks/run_cases.py's SHAPE_30B case on 2 GPUs
+OVERRIDES = ["model=qwen3_vl_30b_a3b", "model.num_layers=4", "data=realistic", "train.iterations=10",
+             "train.global_batch_size=8", "gpus_per_node=2"]
+ENV_SECRET = "hf_planted0123456789abcdef"
+LITERAL_SECRET = "comet-literal-planted-9876543210"
+SECRET_ENV = "VLMTRAIN_TEST_HF_TOKEN"
+SWEEP_DIR = "multirun/2026-11-29/22-26-58"
+
+
+# --- a reader for W&B offline run files (wandb has no public one in 0.29) ---
+
+def _item(item: Any) -> tuple[str, Any]:
+    value = json.loads(item.value_json)
+    if item.key:
+        return item.key, value
+    keys = list(item.nested_key)
+    for k in reversed(keys[1:]):
+        value = {k: value}
+    return keys[0], value
+
+
+def read_offline_run(wandb_file: Path) -> dict[str, Any]:
+    """run identity, config, history rows and summary of one `run-<id>.wandb` file."""
+    from wandb.proto import wandb_internal_pb2 as pb
+    from wandb.sdk.internal import datastore
+
+    ds = datastore.DataStore()
+    ds.open_for_scan(str(wandb_file))
+    out: dict[str, Any] = {"run": {}, "config": {}, "history": [], "summary": {}}
+    while (data := ds.scan_data()) is not None:
+        rec = pb.Record()
+        rec.ParseFromString(data)
+        kind = rec.WhichOneof("record_type")
+        if kind == "run":
+            r = rec.run
+            out["run"] = {"project": r.project, "group": r.run_group, "job_type": r.job_type, "tags": list(r.tags),
+                          "name": r.display_name}
+            out["config"].update(dict(_item(it) for it in r.config.update))
+        elif kind == "config":
+            out["config"].update(dict(_item(it) for it in rec.config.update))
+        elif kind == "history":
+            out["history"].append(dict(_item(it) for it in rec.history.item))
+        elif kind == "summary":
+            out["summary"].update(dict(_item(it) for it in rec.summary.update))
+    ds.close()
+    out["config"].pop("_wandb", None)
+    return out
+
+
+def offline_files(output_dir: Path) -> list[Path]:
+    return [Path(p) for p in sorted(glob.glob(str(output_dir / "wandb" / "offline-run-*" / "run-*.wandb")))]
+
+
+# --- fixtures ---
+
+@pytest.fixture(scope="module")
+def env() -> Any:
+    mp = pytest.MonkeyPatch()
+    mp.setenv(SECRET_ENV, ENV_SECRET)
+    mp.setenv("WANDB_MODE", "offline")
+    mp.delenv("WANDB_BASE_URL", raising=False)
+    yield mp
+    mp.undo()
+
+
+@pytest.fixture(scope="module")
+def run(env: Any, tmp_path_factory: pytest.TempPathFactory) -> RunConfig:
+    out = tmp_path_factory.mktemp("run")
+    run = compose([*OVERRIDES, f"+bridge.logger.comet_api_key={LITERAL_SECRET}",
+                   f"+bridge.logger.comet_experiment_name=exp-${{oc.env:{SECRET_ENV}}}"], output_dir=str(out))
+    run.wandb.group = wandb_log.sweep_group(SWEEP_DIR)  # what run.py sets in a -m sweep
+    return run
+
+
+@pytest.fixture(scope="module")
+def bridge_cfg(run: RunConfig) -> Any:
+    from vlmtrain import build
+
+    return build.build(run)
+
+
+def fixture_rows(bridge_cfg: Any) -> list[dict[str, Any]]:
+    """The GPU case's metrics.jsonl rows plus Bridge's numbers for them, as metrics_callback computes them: the
+    FLOPs stats Bridge accumulates for samples padded to seq_length (EP=2 pads) and the step's ViT patches."""
+    from vlmtrain.metrics_callback import megatron_numbers
+
+    seq = bridge_cfg.dataset.seq_length
+    rows = [json.loads(line) for line in (CASE / "metrics.jsonl").read_text().splitlines()]
+    for row in rows:
+        stats = (row["padded_tokens"], row["samples"] * seq**2, row["vit_patches"], None, None)
+        row.update(megatron_numbers(bridge_cfg, row["samples"], stats, row["step_s"], world_size=2))
+    return rows
+
+
+@pytest.fixture(scope="module")
+def logged(run: RunConfig, bridge_cfg: Any) -> tuple[list[dict[str, Any]], Path]:
+    """Init through wandb_log, log every row as on_train_step_end does and then Bridge's own loss through Bridge's
+    GlobalState at the same iteration (training_log's call), close out as on_train_end + Bridge's finish do."""
+    from megatron.bridge.training.state import GlobalState
+
+    state = GlobalState()
+    state._cfg = bridge_cfg  # the cfg setter would also install Bridge's signal handler in the test process
+    wb = wandb_log.init(run, bridge_cfg)
+    wandb_log.hand_to_bridge(state, wb)
+    rows = fixture_rows(bridge_cfg)
+    for row in rows:
+        wandb_log.log_row(wb, row)
+        state.wandb_logger.log({"lm loss": row["lm_loss"]}, row["step"] + 1)
+    wandb_log.summarize(wb, {"checks": json.loads((CASE / "checks.json").read_text())})
+    state.wandb_logger.finish()
+    return rows, Path(run.output_dir)
+
+
+@pytest.fixture(scope="module")
+def read_back(logged: tuple[list[dict[str, Any]], Path]) -> dict[str, Any]:
+    files = offline_files(logged[1])
+    assert len(files) == 1, files  # exactly one W&B run per training run
+    return read_offline_run(files[0])
+
+
+# --- identity, config, metrics ---
+
+def test_run_identity(run: RunConfig, read_back: dict[str, Any]) -> None:
+    r = read_back["run"]
+    assert r["project"] == "vlmtrain"
+    assert r["group"] == "2026-11-29_22-26-58"
+    assert r["job_type"] == "train"
+    assert r["name"] == f"vlmtrain-{Path(run.output_dir).name}"
+
+
+def test_tags_name_every_choice_data_kind_and_versions(run: RunConfig, read_back: dict[str, Any]) -> None:
+    tags = set(read_back["run"]["tags"])
+    assert {f"{g}:{c}" for g, c in run.choices.items()} <= tags
+    assert {"parallelism:fsdp", "hardware:h200", "model:qwen3_vl_30b_a3b", "data:realistic", "data_kind:real",
+            "vision:trainable", "recompute:none", "cuda_graph:none", "dispatcher:auto"} <= tags
+    assert {"megatron-bridge:0.6.2", "megatron-core:0.19.2", "transformer-engine:2.20.2", "torch:2.11.0"} <= tags
+
+
+def test_mock_data_is_tagged_mock(env: Any) -> None:
+    tags = wandb_log.tags(compose(["data=mock"]))
+    assert "data:mock" in tags and "data_kind:mock" in tags
+
+
+def test_config_holds_vlmtrain_and_bridge_fields(read_back: dict[str, Any]) -> None:
+    cfg = read_back["config"]
+    assert cfg["bridge"]["model"]["num_moe_experts"] == 128
+    assert cfg["bridge"]["model"]["moe_token_dispatcher_type"] == "alltoall"  # "token" in a name is no secret
+    assert cfg["bridge"]["train"]["global_batch_size"] == 8
+    assert cfg["vlmtrain"]["model"]["name"] == "qwen3_vl_30b_a3b"
+    assert cfg["vlmtrain"]["data"]["kind"] == "realistic"
+
+
+def test_secrets_are_redacted_everywhere(logged: tuple[list[dict[str, Any]], Path], read_back: dict[str, Any]) -> None:
+    cfg = read_back["config"]
+    assert cfg["bridge"]["logger"]["comet_api_key"] == redact.REDACTED
+    assert cfg["vlmtrain"]["bridge"]["logger"]["comet_api_key"] == redact.REDACTED
+    assert cfg["bridge"]["logger"]["comet_experiment_name"] == f"exp-{redact.REDACTED}"
+    for path in (logged[1] / "wandb").rglob("*"):  # the run file, debug logs, metadata
+        if path.is_file():
+            data = path.read_bytes()
+            assert ENV_SECRET.encode() not in data and LITERAL_SECRET.encode() not in data, path
+
+
+def series(history: list[dict[str, Any]], key: str) -> dict[int, float]:
+    return {h["_step"]: h[key] for h in history if key in h}
+
+
+@pytest.mark.parametrize("key", ["useful_tokens_per_s_per_gpu", "mfu", "step_s", "megatron_tokens_per_s",
+                                 "megatron_tflops_per_s_per_gpu", "megatron_flops"])
+def test_metric_series_round_trip(key: str, logged: tuple[list[dict[str, Any]], Path],
+                                  read_back: dict[str, Any]) -> None:
+    expected = {row["step"] + 1: row[key] for row in logged[0]}
+    assert series(read_back["history"], key) == pytest.approx(expected)
+
+
+def test_bridge_metrics_share_the_history_row_of_their_step(logged: tuple[list[dict[str, Any]], Path],
+                                                             read_back: dict[str, Any]) -> None:
+    rows = {h["_step"]: h for h in read_back["history"]}
+    assert sorted(rows) == [row["step"] + 1 for row in logged[0]]
+    for row in logged[0]:
+        assert rows[row["step"] + 1]["lm loss"] == pytest.approx(row["lm_loss"])
+        assert rows[row["step"] + 1]["step"] == row["step"]
+    assert read_back["summary"]["checks"]["frozen_unchanged"] is True
+
+
+def test_megatron_numbers_reproduce_bridges_printed_tflops(logged: tuple[list[dict[str, Any]], Path]) -> None:
+    """Bridge's FLOPs for a step over Bridge's own interval time give the TFLOP/s/GPU its log printed."""
+    printed = re.findall(r"iteration\s+(\d+)/.*?elapsed time per iteration \(ms\): ([\d.]+) \| "
+                         r"throughput per GPU \(TFLOP/s/GPU\): ([\d.]+)", (CASE / "train.log").read_text())
+    assert len(printed) == len(logged[0])
+    for (iteration, ms, tflops), row in zip(printed, logged[0], strict=True):
+        assert int(iteration) == row["step"] + 1
+        assert row["megatron_flops"] / (float(ms) / 1e3) / 2 / 1e12 == pytest.approx(float(tflops), abs=0.051)
+    assert all(r["megatron_tokens_per_s"] == pytest.approx(8 * 4096 / r["step_s"]) for r in logged[0])
+
+
+# --- modes ---
+
+@pytest.fixture
+def silent_server() -> Any:
+    """A loopback TCP server that accepts connections and never answers."""
+    srv = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):  # closed at teardown
+            while True:
+                held.append(srv.accept()[0])
+
+    threading.Thread(target=accept, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.getsockname()[1]}"
+    srv.close()
+    for conn in held:
+        conn.close()
+
+
+@pytest.fixture(scope="module")
+def wandb_service(run: RunConfig, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """wandb starts its wandb-core service on the first init of a process (seconds on a busy CI box, whatever
+    the mode): start it before timing a fallback."""
+    wandb_log.finish(wandb_log.init(dataclasses.replace(run, output_dir=str(tmp_path_factory.mktemp("warm"))), None))
+
+
+@pytest.mark.parametrize("host", ["closed port", "silent host"])
+def test_online_without_network_goes_offline_at_once(host: str, run: RunConfig, wandb_service: None,
+                                                     monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str],
+                                                     request: pytest.FixtureRequest) -> None:
+    url = "http://127.0.0.1:9" if host == "closed port" else request.getfixturevalue("silent_server")  # loopback
+    monkeypatch.setenv("WANDB_MODE", "online")
+    monkeypatch.setenv("WANDB_BASE_URL", url)
+    monkeypatch.setenv("WANDB_API_KEY", "0" * 40)
+    online = dataclasses.replace(run, output_dir=str(tmp_path), wandb=dataclasses.replace(run.wandb, mode="online"))
+    t0 = time.perf_counter()
+    wb = wandb_log.init(online, None)
+    took = time.perf_counter() - t0
+    try:
+        assert wb.offline and os.environ["WANDB_MODE"] == "offline"
+        assert took < 5, f"fallback took {took:.1f} s"
+        out = capsys.readouterr().out
+        assert "not reachable" in out and f"wandb sync {wb.settings.sync_dir}" in out
+    finally:
+        wandb_log.finish(wb)
+    assert len(offline_files(tmp_path)) == 1
+
+
+def test_probe_says_no_to_a_closed_port_and_a_silent_host(silent_server: str) -> None:
+    t0 = time.perf_counter()
+    assert not wandb_log.reachable("http://127.0.0.1:9")
+    assert not wandb_log.reachable(silent_server, timeout=1.0)
+    assert time.perf_counter() - t0 < 3
+
+
+def test_disabled_makes_no_run(run: RunConfig, tmp_path: Path) -> None:
+    off = dataclasses.replace(run, output_dir=str(tmp_path), wandb=dataclasses.replace(run.wandb, enabled=False))
+    assert wandb_log.init(off, None) is None
+    assert not (tmp_path / "wandb").exists()
+
+
+def test_wandb_mode_env_wins_over_config(run: RunConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert wandb_log.requested_mode(run) == "disabled"
+    monkeypatch.delenv("WANDB_MODE")
+    assert wandb_log.requested_mode(run) == run.wandb.mode == "offline"
+
+
+def test_group_is_the_sweep_else_the_run_name(run: RunConfig) -> None:
+    assert wandb_log.sweep_group("multirun/2026-11-29/22-26-58") == "2026-11-29_22-26-58"
+    assert wandb_log.sweep_group("multirun/fsdp_vs_3d") == "fsdp_vs_3d"
+    assert wandb_log.group(dataclasses.replace(run, wandb=dataclasses.replace(run.wandb, group=None))) == run.name
+
+
+def test_bridge_wandb_project_is_refused(env: Any) -> None:
+    from vlmtrain.checks import SettingNotApplied
+
+    with pytest.raises(SettingNotApplied, match="use wandb.project"):
+        wandb_log.check_bridge_logger(compose(["+bridge.logger.wandb_project=p"]))
+
+
+# --- redaction ---
+
+def test_redact_masks_secret_keys_and_secret_env_values() -> None:
+    environ = {"HF_TOKEN": "hf_abcdefghijkl", "WANDB_API_KEY": "k" * 40, "SOME_KEY": "1", "PATH": "/usr/bin",
+               "MY_TOKEN_FOR_CI": "ci-0123456789"}
+    kept = {"tokenizer_type": "NullTokenizer", "moe_token_dispatcher_type": "alltoall", "key_head_dim": 128,
+            "moe_token_drop_policy": "probs", "image_token_id": 151655, "password": None, "memory_keys": {"a": "b"}}
+    tree = {**kept, "hf_token": "anything", "comet_api_key": "x", "url": "https://u:hf_abcdefghijkl@host/x",
+            "nested": [{"clientSecret": "s3"}, "plain", "/usr/bin"], "save": "/ckpt/ci-0123456789"}
+    assert redact.redact(tree, environ) == {
+        **kept, "hf_token": redact.REDACTED, "comet_api_key": redact.REDACTED, "url": f"https://u:{redact.REDACTED}@host/x",
+        "nested": [{"clientSecret": redact.REDACTED}, "plain", "/usr/bin"], "save": f"/ckpt/{redact.REDACTED}"}
+    assert redact.secret_env(environ) == {"WANDB_API_KEY": "k" * 40, "HF_TOKEN": "hf_abcdefghijkl",
+                                          "MY_TOKEN_FOR_CI": "ci-0123456789"}
+
+
+def test_run_config_file_keeps_no_secret_but_the_ranks_get_it(run: RunConfig) -> None:
+    """launch.save_run_config writes references; loading it as vlmtrain.worker does restores the values."""
+    stash = "VLMTRAIN_SECRET_BRIDGE_LOGGER_COMET_API_KEY"
+    try:
+        path = launch.save_run_config(run)
+        text = path.read_text()
+        assert ENV_SECRET not in text and LITERAL_SECRET not in text
+        assert redact.env_reference(SECRET_ENV) in text and redact.env_reference(stash) in text
+
+        def load() -> RunConfig:
+            return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RunConfig), OmegaConf.load(path)))
+
+        expected = {"comet_api_key": LITERAL_SECRET, "comet_experiment_name": f"exp-{ENV_SECRET}"}
+        assert load().bridge["logger"] == expected
+        with pytest.MonkeyPatch.context() as mp:  # a later reader without the secrets in its environment
+            mp.delenv(SECRET_ENV)
+            mp.delenv(stash)
+            expected = {"comet_api_key": redact.REDACTED, "comet_experiment_name": f"exp-{redact.REDACTED}"}
+            assert load().bridge["logger"] == expected
+    finally:
+        os.environ.pop(stash, None)
+
+
+def test_bridge_config_yaml_keeps_no_secret(bridge_cfg: Any, tmp_path: Path) -> None:
+    redact.write_bridge_yaml(bridge_cfg, tmp_path / "bridge_config.yaml")
+    text = (tmp_path / "bridge_config.yaml").read_text()
+    assert ENV_SECRET not in text and LITERAL_SECRET not in text
+    assert "num_moe_experts: 128" in text and f"comet_api_key: {redact.REDACTED}" in text
