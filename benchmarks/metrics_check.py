@@ -119,6 +119,7 @@ def main() -> int:
     ap.add_argument("run_dir", type=Path)
     ap.add_argument("--results", type=Path, default=ROOT / "results" / "metrics_check.jsonl")
     ap.add_argument("--name", default=None)
+    ap.add_argument("--skip", type=int, default=3, help="warm-up steps left out")
     a = ap.parse_args()
     run = load_run(a.run_dir)
     rows = results.read_jsonl(a.run_dir / "metrics.jsonl")
@@ -126,7 +127,7 @@ def main() -> int:
     per_step = samples_per_step(run, len(rows))
     gpus, peak = run.nodes * (run.gpus_per_node or 1), run.hardware.peak_bf16_tflops * 1e12
     cmp = []
-    for r, batch in zip(rows[3:], per_step[3:], strict=True):
+    for r, batch in zip(rows[a.skip :], per_step[a.skip :], strict=True):
         f = flops_from_params(run, checks["params"], batch)
         tokens = sum(s["len"] for s in batch)
         named = sum(

@@ -11,12 +11,14 @@ must resume from the checkpoint and reproduce A's losses. Appends one row to res
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import zlib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,7 +45,9 @@ def overrides(parallelism: str, ckpt: Path) -> list[str]:
 
 def launch(args: list[str], run_dir: Path, gpu: int) -> subprocess.Popen:
     run_dir.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(gpu), MASTER_PORT=str(29600 + gpu * 7 + len(run_dir.name)))
+    # A port of its own per run directory: several checks may share a node (two did collide on one port).
+    port = 20000 + zlib.crc32(str(run_dir).encode()) % 20000
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(gpu), MASTER_PORT=str(port))
     log = (run_dir / "train.log").open("w")
     return subprocess.Popen(
         [sys.executable, str(ROOT / "train.py"), *args, f"hydra.run.dir={run_dir}"],
@@ -60,7 +64,8 @@ def losses(run_dir: Path) -> dict[int, float]:
 
 def kill_tree(proc: subprocess.Popen, run_dir: Path) -> None:
     """SIGKILL the launcher, torchrun and every rank: what a node failure or `kill -9` does."""
-    os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):  # it may have died on its own: the check then fails below
+        os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     subprocess.run(["pkill", "-9", "-f", str(run_dir)], check=False)  # ranks started in their own sessions
 
