@@ -5,7 +5,10 @@ Exit status is 0 only when preflight and Bridge's own validation both accept the
 
 from __future__ import annotations
 
+import logging
 import sys
+import textwrap
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -61,8 +64,9 @@ def render(run: RunConfig, cfg: ConfigContainer | None, findings: list[preflight
         lines.append("Bridge fields by group:")
         for g in groups.ALL:
             name = g.__name__.rsplit(".", 1)[1]
-            vals = "  ".join(f"{p}={field_value(cfg, p)}" for p in sorted(g.OWNS))
-            lines.append(f"  {name:<12}{vals}")
+            vals = [f"{p}={field_value(cfg, p)}" for p in sorted(g.OWNS)]
+            lines += textwrap.wrap("  ".join(vals), width=118, initial_indent=f"  {name:<12}",
+                                   subsequent_indent=" " * 14, break_long_words=False, break_on_hyphens=False)
     lines += memory_section(run)
     lines.append("preflight:" + ("" if findings else " no findings"))
     lines += [f"  {f}" for f in findings]
@@ -70,10 +74,22 @@ def render(run: RunConfig, cfg: ConfigContainer | None, findings: list[preflight
     return "\n".join(lines)
 
 
+def quiet_library_logs() -> None:
+    """A plan is read by a person: keep Megatron/TE/transformers' INFO lines and import-time warnings out of it
+    (only in the planning process; training ranks keep their logs)."""
+    for name in ("megatron", "transformer_engine", "TransformerEngine", "transformers", "datasets"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", category=UserWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=SyntaxWarning)
+
+
 def dry_run(run: RunConfig) -> int:
     """Print the plan; write the resolved Bridge config; return the exit status."""
     from vlmtrain import build, target
 
+    quiet_library_logs()
     findings = preflight.check(run)
     if preflight.errors(findings):
         print(render(run, None, findings, "not attempted (preflight errors)"))
