@@ -14,6 +14,10 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+SKIP = 3
+"""Warm-up steps left out of every median."""
+HEADLINE_KEYS = ("step_s", "useful_tokens_per_s_per_gpu", "padded_tokens_per_s_per_gpu", "tflops_per_s_per_gpu", "mfu")
+
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
@@ -21,30 +25,37 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def summarize(run_dir: Path, skip: int = 3) -> dict[str, Any]:
-    """Headline metrics of one run from its metrics.jsonl."""
-    rows = read_jsonl(Path(run_dir) / "metrics.jsonl")
+def steady(rows: list[dict[str, Any]], skip: int = SKIP) -> list[dict[str, Any]]:
+    """The rows after warm-up; the last row when a run is shorter than its warm-up."""
+    return rows[skip:] or rows[-1:]
+
+
+def summarize_rows(rows: list[dict[str, Any]], skip: int = SKIP,
+                   keys: tuple[str, ...] = HEADLINE_KEYS) -> dict[str, Any]:
+    """Headline metrics of one run's step rows (metrics.jsonl or W&B history): medians of `keys` after warm-up;
+    a key no steady row has a number for is left out (W&B history may lack some)."""
     if not rows:
         return {}
-    steady = rows[skip:] or rows[-1:]
-    losses = [r["lm_loss"] for r in rows if "lm_loss" in r]
-
-    def med(key: str) -> float:
-        return statistics.median(r[key] for r in steady)
-
-    out = {
-        "steps": len(rows),
-        "step_s": med("step_s"),
-        "peak_mem_gib": max(r["peak_mem_gib"] for r in rows),
-        "useful_tokens_per_s_per_gpu": med("useful_tokens_per_s_per_gpu"),
-        "padded_tokens_per_s_per_gpu": med("padded_tokens_per_s_per_gpu"),
-        "tflops_per_s_per_gpu": med("tflops_per_s_per_gpu"),
-        "mfu": med("mfu"),
-        "nonpad_fraction": sum(r["nonpad_tokens"] for r in steady) / max(sum(r["padded_tokens"] for r in steady), 1),
-    }
+    after = steady(rows, skip)
+    medians = {}
+    for key in keys:
+        values = [r[key] for r in after if isinstance(r.get(key), int | float)]
+        if values:
+            medians[key] = statistics.median(values)
+    step = {"step_s": medians.pop("step_s")} if "step_s" in medians else {}  # the results files' key order
+    out = {"steps": len(rows), **step, "peak_mem_gib": max(r.get("peak_mem_gib", 0.0) for r in rows), **medians}
+    padded = sum(r.get("padded_tokens", 0) for r in after)
+    if padded:
+        out["nonpad_fraction"] = sum(r.get("nonpad_tokens", 0) for r in after) / padded
+    losses = [r["lm_loss"] for r in rows if isinstance(r.get("lm_loss"), int | float)]
     if losses:
         out.update(first_loss=losses[0], last_loss=losses[-1])
     return out
+
+
+def summarize(run_dir: Path, skip: int = SKIP) -> dict[str, Any]:
+    """Headline metrics of one run from its metrics.jsonl."""
+    return summarize_rows(read_jsonl(Path(run_dir) / "metrics.jsonl"), skip)
 
 
 def machine() -> str:

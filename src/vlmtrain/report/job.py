@@ -1,0 +1,161 @@
+"""A sweep job as the report sees it, and the numbers it is ranked by."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from vlmtrain.compose import GROUPS
+from vlmtrain.results import HEADLINE_KEYS, steady, summarize_rows
+
+TIME_KEYS = ("time_vision_s", "time_projector_s", "time_decoder_s", "time_optimizer_s", "time_data_s", "time_other_s")
+"""vlmtrain.timing's per-component seconds of a step (rank 0); `other` = step_s minus the named ones."""
+FLOP_KEYS = ("flops_vit", "flops_projector", "flops_decoder")
+COMPONENTS = ("ViT", "projector", "decoder", "optimizer", "data", "other")
+MEDIAN_KEYS = (*HEADLINE_KEYS, *TIME_KEYS, *FLOP_KEYS)
+
+SECTIONS = {
+    "main": "Ranking: trainable vision, real data",
+    "frozen": "Frozen vision (benchmark-only: compare only with other frozen runs)",
+    "mock": "Mock data (NOT a performance run: mock images look ~2x faster than real ones)",
+}
+STATUS = {
+    "ok": "ok",
+    "oom": "out of memory",
+    "skipped": "skipped by preflight",
+    "nccl_timeout": "NCCL timeout",
+    "crash": "crash",
+    "dry_run": "dry run (planned, not trained)",
+    "incomplete": "incomplete",
+}
+
+_MISSING = object()
+
+
+@dataclass
+class Job:
+    """One sweep job as the report sees it: where it came from, its config, its metrics and its outcome."""
+
+    name: str
+    source: str
+    """files | files+wandb | wandb-offline | wandb | preflight (skipped) | preflight-launched (no job dir)"""
+    num: int | None = None
+    path: Path | None = None
+    overrides: list[str] = field(default_factory=list)
+    config: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    data_kind: str | None = None
+    status: str = "incomplete"
+    reason: str = ""
+    rank: int | None = None
+
+    @property
+    def choices(self) -> dict[str, str]:
+        from_overrides = {k: v for k, v in override_items(self.overrides) if k in GROUPS}
+        return {**from_overrides, **{k: str(v) for k, v in (self.config.get("choices") or {}).items()}}
+
+    def knob(self, key: str) -> str | None:
+        """A group choice or a dotted config value as an override would spell it (config first: W&B runs have
+        no overrides), else the override itself."""
+        if key in GROUPS:
+            return self.choices.get(key)
+        node: Any = self.config
+        for part in key.split("."):
+            node = node.get(part, _MISSING) if isinstance(node, dict) else _MISSING
+        if node is not _MISSING and not isinstance(node, dict | list):
+            return json.dumps(node) if isinstance(node, bool) or node is None else str(node)
+        return dict(override_items(self.overrides)).get(key)
+
+    @property
+    def frozen(self) -> bool:
+        vision = self.config.get("vision") or {}
+        return bool(vision.get("freeze_vision_model", self.choices.get("vision", "").startswith("frozen")))
+
+    @property
+    def mock(self) -> bool:
+        return "mock" in (self.data_kind, str((self.config.get("data") or {}).get("kind")), self.choices.get("data"))
+
+    @property
+    def section(self) -> str:
+        return "mock" if self.mock else "frozen" if self.frozen else "main"
+
+    @property
+    def memory_gib(self) -> float | None:
+        return (self.config.get("hardware") or {}).get("memory_gib")
+
+    @property
+    def headroom_gib(self) -> float | None:
+        peak = self.metrics.get("peak_mem_gib")
+        return None if peak is None or self.memory_gib is None else self.memory_gib - peak
+
+    @property
+    def mbs(self) -> int | None:
+        return (self.config.get("train") or {}).get("micro_batch_size")
+
+    @property
+    def expected_steps(self) -> int | None:
+        return (self.config.get("train") or {}).get("iterations")
+
+    @cached_property
+    def layout(self) -> dict[str, int]:
+        lay = _layout(self.config)
+        out = {k: getattr(lay, k) for k in ("tp", "pp", "cp", "ep", "etp")} if lay else {}
+        if lay and lay.vpp:
+            out["vpp"] = lay.vpp
+        gpus = self.metrics.get("gpus") or (lay.world_size if lay else None)
+        return {**out, "gpus": gpus} if gpus else out
+
+    @property
+    def short_label(self) -> str:
+        """The label cut for plots, where a W&B run name would cover the neighbours."""
+        return self.label if len(self.label) <= 14 else self.label[:13] + "…"
+
+    @property
+    def label(self) -> str:
+        if self.source == "preflight":
+            return "(not launched)"
+        return f"#{self.num}" if self.num is not None else self.name
+
+
+def override_items(overrides: list[str]) -> list[tuple[str, str]]:
+    """`key=value` pairs of Hydra overrides (`+`/`++` prefixes dropped, hydra.* and deletions left out)."""
+    items = []
+    for o in overrides:
+        key, sep, value = o.lstrip("+").partition("=")
+        if sep and not key.startswith(("~", "hydra.")):
+            items.append((key, value))
+    return items
+
+
+def _layout(config: dict[str, Any]) -> Any:
+    """The run's world layout through vlmtrain.world (auto EP resolved); None if the config is not a RunConfig."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    from vlmtrain import world
+    from vlmtrain.schema import RunConfig
+
+    known = {k: v for k, v in config.items() if k in RunConfig.__dataclass_fields__}
+    if not all(k in known for k in ("model", "parallelism", "hardware")):
+        return None
+    try:
+        return world.layout(OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RunConfig), known)))
+    except (OmegaConfBaseException, ValueError, TypeError, KeyError, ZeroDivisionError):
+        return None
+
+
+def steady_metrics(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """vlmtrain.results.summarize_rows over the step rows only (W&B history also holds other rows), with the
+    component medians and the GPU count the token rates imply (what ran, which Job.layout prefers to the config)."""
+    rows = [r for r in rows if isinstance(r.get("step_s"), int | float) and "useful_tokens_per_s_per_gpu" in r]
+    out = summarize_rows(rows, keys=MEDIAN_KEYS)
+    gpus = [r["nonpad_tokens"] / r["step_s"] / r["useful_tokens_per_s_per_gpu"] for r in steady(rows)
+            if r.get("nonpad_tokens") and r["useful_tokens_per_s_per_gpu"]]
+    if gpus:
+        out["gpus"] = round(statistics.median(gpus))
+    return out

@@ -1,0 +1,59 @@
+"""Writing the report: from `vlmtrain report`, or from Hydra when a multirun ends."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+from vlmtrain.report.labels import baseline, split_kind
+from vlmtrain.report.plots import PLOTS, plot_component_split, plot_memory_vs_throughput, plot_throughput_vs_mbs
+from vlmtrain.report.sources import gather
+from vlmtrain.report.tables import render, write_csv
+
+
+def write_report(source: str | Path, out: Path | None = None) -> dict[str, Path]:
+    """Gather, rank and write report.md, report.csv and the plots; returns their paths."""
+    jobs = gather(source)
+    root = None if str(source).startswith("wandb:") else Path(source)
+    out = Path(out) if out else root or Path(f"report-{str(source).rsplit('/', 1)[-1]}")
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"md": out / "report.md", "csv": out / "report.csv"}
+    paths["md"].write_text(render(jobs, str(source), root))
+    write_csv(jobs, paths["csv"])
+    base = baseline(jobs)
+    paths.update({k: out / name for k, name in PLOTS.items()})
+    plot_throughput_vs_mbs(jobs, base, paths["throughput"])
+    plot_component_split(jobs, base, split_kind(jobs), paths["split"])
+    plot_memory_vs_throughput(jobs, paths["memory"])
+    return paths
+
+
+def safe_write(sweep_dir: str | Path) -> Path | None:
+    """write_report that never raises (for Hydra callbacks and sweepers): a warning instead, None on failure."""
+    try:
+        paths = write_report(Path(str(sweep_dir)))
+    except Exception as e:  # noqa: BLE001 - the sweep's results matter more than its report
+        print(f"[vlmtrain] WARNING: sweep report failed ({type(e).__name__}: {e}); run `vlmtrain report "
+              f"{sweep_dir}` by hand.", file=sys.stderr, flush=True)
+        return None
+    print(f"[vlmtrain] sweep report: {paths['md']}", flush=True)
+    return paths["md"]
+
+
+class ReportCallback(Callback):
+    """Hydra callback: write the sweep report when a multirun ends; a report problem never fails the sweep.
+
+    Hydra calls on_multirun_end only when the sweeper returns: a sweep whose jobs failed raises first (Hydra's
+    BasicSweeper, vlmtrain's SweepJobsFailed), so then run `vlmtrain report <sweep dir>` (or call safe_write)."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        try:
+            sweep_dir = config.hydra.sweep.dir
+        except Exception as e:  # noqa: BLE001 - same promise for a config without hydra.sweep
+            print(f"[vlmtrain] WARNING: sweep report skipped: no hydra.sweep.dir ({e})", file=sys.stderr, flush=True)
+            return
+        safe_write(sweep_dir)
