@@ -24,6 +24,7 @@ from omegaconf import OmegaConf
 
 from vlmtrain import launch, redact, wandb_log
 from vlmtrain.compose import compose
+from vlmtrain.report.wandb_runs import read_wandb_file
 from vlmtrain.schema import RunConfig
 
 CASE = Path(__file__).parents[1] / "fixtures/gpu_cases/30b-shape-l4_fsdp_ep2_trainable_recompute-none_graph-none_2gpu"
@@ -36,44 +37,11 @@ SECRET_ENV = "VLMTRAIN_TEST_HF_TOKEN"
 SWEEP_DIR = "multirun/2026-11-29/22-26-58"
 
 
-# --- a reader for W&B offline run files (wandb has no public one in 0.29) ---
-
-def _item(item: Any) -> tuple[str, Any]:
-    value = json.loads(item.value_json)
-    if item.key:
-        return item.key, value
-    keys = list(item.nested_key)
-    for k in reversed(keys[1:]):
-        value = {k: value}
-    return keys[0], value
-
-
 def read_offline_run(wandb_file: Path) -> dict[str, Any]:
-    """run identity, config, history rows and summary of one `run-<id>.wandb` file."""
-    from wandb.proto import wandb_internal_pb2 as pb
-    from wandb.sdk.internal import datastore
-
-    ds = datastore.DataStore()
-    ds.open_for_scan(str(wandb_file))
-    out: dict[str, Any] = {"run": {}, "config": {}, "history": [], "summary": {}}
-    while (data := ds.scan_data()) is not None:
-        rec = pb.Record()
-        rec.ParseFromString(data)
-        kind = rec.WhichOneof("record_type")
-        if kind == "run":
-            r = rec.run
-            out["run"] = {"project": r.project, "group": r.run_group, "job_type": r.job_type, "tags": list(r.tags),
-                          "name": r.display_name}
-            out["config"].update(dict(_item(it) for it in r.config.update))
-        elif kind == "config":
-            out["config"].update(dict(_item(it) for it in rec.config.update))
-        elif kind == "history":
-            out["history"].append(dict(_item(it) for it in rec.history.item))
-        elif kind == "summary":
-            out["summary"].update(dict(_item(it) for it in rec.summary.update))
-    ds.close()
-    out["config"].pop("_wandb", None)
-    return out
+    """The report's reader of offline record logs, shaped as {run: identity, config, history, summary}."""
+    out = read_wandb_file(wandb_file)
+    run = {k: out[k] for k in ("project", "group", "job_type", "tags", "name")}
+    return {"run": run, "config": out["config"], "history": out["history"], "summary": out["summary"]}
 
 
 def offline_files(output_dir: Path) -> list[Path]:

@@ -30,12 +30,13 @@ def _merge(d: dict[str, Any], key: str, value: Any) -> None:
 
 
 def read_wandb_file(path: Path) -> dict[str, Any]:
-    """An offline run's .wandb record log as {name, group, config, history, output, exit_code} (wandb 0.29)."""
+    """An offline run's .wandb record log as {name, group, project, job_type, tags, config, history, summary,
+    output, exit_code} (wandb 0.29 has no public reader)."""
     from wandb.proto import wandb_internal_pb2 as pb
     from wandb.sdk.internal import datastore
 
-    out: dict[str, Any] = {"name": path.stem, "group": None, "config": {}, "history": [], "output": [],
-                           "exit_code": None}
+    out: dict[str, Any] = {"name": path.stem, "group": None, "project": None, "job_type": None, "tags": [],
+                           "config": {}, "history": [], "summary": {}, "output": [], "exit_code": None}
     ds = datastore.DataStore()
     ds.open_for_scan(str(path))
     try:
@@ -52,7 +53,8 @@ def read_wandb_file(path: Path) -> dict[str, Any]:
 def _apply_record(out: dict[str, Any], rec: Any) -> None:
     kind = rec.WhichOneof("record_type")
     if kind == "run":
-        out.update(name=rec.run.display_name or rec.run.run_id, group=rec.run.run_group or None)
+        out.update(name=rec.run.display_name or rec.run.run_id, group=rec.run.run_group or None,
+                   project=rec.run.project, job_type=rec.run.job_type, tags=list(rec.run.tags))
         for it in rec.run.config.update:
             _merge(out["config"], *_wandb_item(it))
     elif kind == "config":
@@ -63,6 +65,9 @@ def _apply_record(out: dict[str, Any], rec: Any) -> None:
         for it in rec.history.item:
             _merge(row, *_wandb_item(it))
         out["history"].append(row)
+    elif kind == "summary":
+        for it in rec.summary.update:
+            _merge(out["summary"], *_wandb_item(it))
     elif kind in ("output", "output_raw"):
         out["output"].append(getattr(rec, kind).line)
     elif kind == "exit":
