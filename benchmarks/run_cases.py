@@ -16,6 +16,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
@@ -70,16 +71,13 @@ SUITES: dict[str, list[Case]] = {
 }
 
 
-def command(case: Case, run_dir: Path) -> list[str]:
-    return [
-        sys.executable,
-        str(ROOT / "train.py"),
-        *case.overrides,
-        f"gpus_per_node={case.gpus}",
-        "dry_run=false",
-        "wandb.enabled=false",
-        f"hydra.run.dir={run_dir}",
-    ]
+def overrides(case: Case, dry_run: bool = False) -> list[str]:
+    """Everything after `python train.py` but the run directory: the case's full configuration, as recorded."""
+    return [*case.overrides, f"gpus_per_node={case.gpus}", f"dry_run={str(dry_run).lower()}", "wandb.enabled=false"]
+
+
+def command(case: Case, run_dir: Path, dry_run: bool = False) -> list[str]:
+    return [sys.executable, str(ROOT / "train.py"), *overrides(case, dry_run), f"hydra.run.dir={run_dir}"]
 
 
 def run_batch(cases: list[Case], out: Path, gpus: int) -> list[tuple[Case, int, Path, float]]:
@@ -131,18 +129,23 @@ def main(argv: list[str] | None = None) -> int:
     failed = 0
     for batch in batches(cases, gpus):
         for case, rc, run_dir, wall in run_batch(batch, args.out, gpus):
-            summary = results.summarize(run_dir)
-            checks_file = run_dir / "checks.json"
-            checks = json.loads(checks_file.read_text()) if checks_file.exists() else {}
-            cmd = "python train.py " + " ".join([*case.overrides, f"gpus_per_node={case.gpus}", "dry_run=false"])
-            status = "ok" if rc == 0 and summary else f"failed (rc={rc})"
-            failed += status != "ok"
-            print(f"[cases] {case.name}: {status} in {wall:.0f}s {json.dumps(summary)}", flush=True)
-            if status == "ok":
-                results.append(results_path, case.name, cmd, summary, checks=checks, wall_s=round(wall, 1))
-            else:
-                print((run_dir / "train.log").read_text()[-4000:], flush=True)
+            failed += record(case, rc, run_dir, wall, results_path) is None
     return 1 if failed else 0
+
+
+def record(case: Case, rc: int, run_dir: Path, wall: float, results_path: Path, **extra: Any) -> dict[str, Any] | None:
+    """Summarize one finished case and append its row (None, and the log's tail printed, when it failed)."""
+    summary = results.summarize(run_dir)
+    checks_file = run_dir / "checks.json"
+    checks = json.loads(checks_file.read_text()) if checks_file.exists() else {}
+    cmd = "python train.py " + " ".join(overrides(case))
+    status = "ok" if rc == 0 and summary else f"failed (rc={rc})"
+    print(f"[cases] {case.name}: {status} in {wall:.0f}s {json.dumps(summary)}", flush=True)
+    if status != "ok":
+        log = run_dir / "train.log"
+        print(log.read_text()[-4000:] if log.exists() else f"(no {log})", flush=True)
+        return None
+    return results.append(results_path, case.name, cmd, summary, checks=checks, wall_s=round(wall, 1), **extra)
 
 
 if __name__ == "__main__":

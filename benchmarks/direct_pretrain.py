@@ -1,0 +1,59 @@
+"""One torchrun rank of the "Bridge alone" side of benchmarks/overhead.py: Bridge's pretrain() on the ConfigContainer
+vlmtrain builds from a saved run_config.yaml, with Bridge's own Qwen3-VL forward step and NO vlmtrain callbacks
+or counters, so the step-time difference to `python train.py` is vlmtrain's overhead.
+
+    python -m torch.distributed.run --nproc-per-node=2 --nnodes=1 --master-port 29500 \\
+        benchmarks/direct_pretrain.py <run dir>/run_config.yaml
+    python benchmarks/direct_pretrain.py <run_config.yaml> --dry-run   # CPU: build + Bridge validation only
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+if TYPE_CHECKING:
+    from megatron.bridge.training.config import ConfigContainer
+
+    from vlmtrain.schema import RunConfig
+
+
+def load(path: str | Path) -> RunConfig:
+    """The run config exactly as src/vlmtrain/worker.py loads it on every rank of `python train.py`."""
+    from omegaconf import OmegaConf
+
+    from vlmtrain.schema import RunConfig
+
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RunConfig), OmegaConf.load(path)))  # type: ignore[return-value]
+
+
+def build_cfg(run: RunConfig) -> ConfigContainer:
+    """The same ConfigContainer vlmtrain.trainer.train() hands to pretrain() (build, then the helper patch)."""
+    from vlmtrain import build, trainer
+
+    cfg = build.build(run)
+    trainer.use_prebuilt_dataset_helpers()
+    return cfg
+
+
+def main(argv: list[str]) -> int:
+    run = load(argv[0])
+    cfg = build_cfg(run)
+    if "--dry-run" in argv[1:]:
+        from vlmtrain import target
+
+        target.finalize(run, cfg)  # Bridge's runtime_config_update for the declared target, as the plan does
+        print(f"[direct] {argv[0]}: ConfigContainer built and validated by Bridge", flush=True)
+        return 0
+    from megatron.bridge.models.qwen_vl.qwen3_vl_step import forward_step
+    from megatron.bridge.training.pretrain import pretrain
+
+    pretrain(cfg, forward_step)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,195 @@
+"""Issue 9: fastest real-image MoE-VLM training on 2 x H200. Runs named cases and appends one row per case to
+results/perf_h200x2.jsonl (metrics from vlmtrain.results.summarize, the full override list as `config`).
+
+    python benchmarks/perf_h200x2.py --sweep mbs parallelism [--only SUBSTR ...] [--iterations 8]
+    python benchmarks/perf_h200x2.py --sweep all --dry-run     # CPU: preflight + Bridge validation of every case
+    python benchmarks/perf_h200x2.py --sweep all --list        # the case table only
+
+The benchmark: Qwen3-VL-30B-A3B layer shapes, 8 decoder layers, full ViT, trainable vision and decoder, real
+images (data=realistic at conf/data/realistic.yaml's distribution), seq 4096, BF16, one 2-GPU node. Every case
+differs from BASE only in the knobs its name spells out; GBS is fixed, so cases do equal useful work (same
+samples per step) and MBS changes only the gradient accumulation. Cases run one at a time (each uses both GPUs)
+through benchmarks/run_cases.py's machinery.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import run_cases  # noqa: E402
+from run_cases import ROOT, Case  # noqa: E402
+
+GPUS = 2
+GBS = 16  # a multiple of MBS 8 x DP 2: grad-accum 8/4/2/1 over the MBS sweep, 16 with TP2 (DP 1)
+ITERATIONS = 8  # summarize() skips 3 warm-up steps: 5 measured
+CASE_S = 180  # rough device seconds per case: ~90 s startup + first step ~30 s + 7 steps of ~5-8 s
+BASE = [
+    "model=qwen3_vl_30b_a3b",
+    "model.num_layers=8",
+    "hardware=h200",
+    "train.seq_length=4096",
+    f"train.global_batch_size={GBS}",
+]
+PARALLELISM = {
+    "fsdp-ep2": ["parallelism=fsdp", "parallelism.ep=2"],
+    "3d-ep2": ["parallelism=3d", "parallelism.ep=2"],
+    "3d-tp2-ep2": ["parallelism=3d", "parallelism.tp=2", "parallelism.ep=2"],
+}
+RESULTS = ROOT / "results" / "perf_h200x2.jsonl"
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """One point of the search space; BASE plus these overrides is the whole configuration."""
+
+    parallelism: str = "fsdp-ep2"
+    mbs: int = 1
+    recompute: str = "none"
+    graph: str = "none"
+    dispatcher: str = "alltoall"
+    vision: str = "trainable"
+    data: str = "realistic"
+    packing: bool = False
+
+    def name(self) -> str:
+        packed = "_packed" if self.packing else ""
+        return (f"30b-l8_{self.parallelism}_mbs{self.mbs}_{self.vision}_rc-{self.recompute}_cg-{self.graph}"
+                f"_{self.dispatcher}_{self.data}{packed}")
+
+    def overrides(self, iterations: int = ITERATIONS) -> list[str]:
+        out = [*BASE, f"data={self.data}", *PARALLELISM[self.parallelism], f"train.iterations={iterations}",
+               f"train.micro_batch_size={self.mbs}", f"recompute={self.recompute}", f"cuda_graph={self.graph}",
+               f"dispatcher={self.dispatcher}", f"vision={self.vision}"]
+        if self.packing:
+            out.append("data.packing=true")
+        return out
+
+
+B = Knobs()
+SWEEPS: dict[str, list[Knobs]] = {
+    # recompute=full: MBS 4 and 8 exceed 141 GiB without it (vlmtrain.memory: vision activations, logits at seq 4096)
+    "mbs": [dataclasses.replace(B, mbs=m, recompute="full") for m in (1, 2, 4, 8)],
+    "recompute_graph": [dataclasses.replace(B, parallelism="3d-ep2", recompute=r, graph=g)
+                        for r in ("none", "selective") for g in ("none", "moe_router_preprocess")],
+    "dispatcher": [dataclasses.replace(B, dispatcher=d) for d in ("alltoall", "deepep", "hybridep")],
+    "parallelism": [dataclasses.replace(B, parallelism=p) for p in PARALLELISM],
+    # Bridge refuses in-batch packing at MBS 1; MBS 4 needs recompute=full (as in the mbs sweep)
+    "packing": [dataclasses.replace(B, mbs=m, recompute=r, packing=p) for m, r in ((2, "none"), (4, "full"))
+                for p in (False, True)],
+    "frozen": [B, dataclasses.replace(B, vision="frozen")],
+    "mock": [B, dataclasses.replace(B, data="mock")],
+}
+
+
+def expand(sweeps: list[str], only: list[str] | None = None, iterations: int = ITERATIONS) -> list[tuple[Case, Knobs]]:
+    """The cases of the named sweeps ("all" = every sweep), in order, each once (sweeps share their baseline)."""
+    names = list(SWEEPS) if "all" in sweeps else sweeps
+    seen: dict[str, tuple[Case, Knobs]] = {}
+    for sweep in names:
+        for k in SWEEPS[sweep]:
+            if k.name() not in seen and (not only or any(s in k.name() for s in only)):
+                seen[k.name()] = (Case(k.name(), GPUS, k.overrides(iterations)), k)
+    return list(seen.values())
+
+
+def table(cases: list[tuple[Case, Knobs]], status: dict[str, str] | None = None) -> str:
+    """One line per case: what changes, the layout and the batch arithmetic (grad-accum = GBS / (MBS x DP))."""
+    from vlmtrain import world
+    from vlmtrain.compose import compose
+
+    w = max(len(c.name) for c, _ in cases)
+    lines = [f"{'case':<{w}}  {'layout':<12} {'MBS':>3} {'accum':>5}  status"]
+    for case, k in cases:
+        lay = world.layout(compose(run_cases.overrides(case, dry_run=True)))
+        layout = f"TP{lay.tp} EP{lay.ep} DP{lay.dp}"
+        accum = GBS // (k.mbs * lay.dp)
+        lines.append(f"{case.name:<{w}}  {layout:<12} {k.mbs:>3} {accum:>5}  {(status or {}).get(case.name, '')}")
+    return "\n".join(lines)
+
+
+def dry_run(cases: list[tuple[Case, Knobs]], out: Path) -> dict[str, str]:
+    """What `python train.py <case> dry_run=true` does (vlmtrain.run.main -> plan.dry_run: preflight, build,
+    Bridge's runtime_config_update for 2 x H200), in this one process so Bridge is imported once."""
+    from vlmtrain import plan
+    from vlmtrain.compose import compose
+
+    status = {}
+    for case, _ in cases:
+        print(f"\n=== {case.name}: python train.py {' '.join(run_cases.overrides(case, dry_run=True))}", flush=True)
+        rc = plan.dry_run(compose(run_cases.overrides(case, dry_run=True), output_dir=str(out / case.name)))
+        status[case.name] = {0: "ok", 2: "PREFLIGHT ERROR", 3: "BRIDGE VALIDATION ERROR"}.get(rc, f"rc={rc}")
+    return status
+
+
+def mock_ratio_row(ran: set[str], results_path: Path) -> dict[str, Any] | None:
+    """Real vs mock at the same settings (how much faster Bridge's noise images look than real photos), once either
+    side ran now; the other side may come from an earlier session's row in the same results file."""
+    from vlmtrain import results
+
+    names = (B.name(), dataclasses.replace(B, data="mock").name())
+    latest = {r["name"]: r for r in results.read_jsonl(results_path)}
+    real, mock = (latest.get(n) for n in names)
+    if not (real and mock and ran & set(names)):
+        return None
+    r, m = real["metrics"], mock["metrics"]
+    metrics = {"real_over_mock_useful_tokens_per_s_per_gpu": r["useful_tokens_per_s_per_gpu"]
+               / m["useful_tokens_per_s_per_gpu"], "real_over_mock_step_s": r["step_s"] / m["step_s"]}
+    print(f"[perf] real/mock: {metrics}", flush=True)
+    return results.append(results_path, f"real-vs-mock_{B.name()}", "python benchmarks/perf_h200x2.py --sweep mock",
+                   metrics, config={"real": real["config"], "mock": mock["config"]})
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sweep", nargs="+", required=True, choices=[*SWEEPS, "all"])
+    ap.add_argument("--only", nargs="*", help="case names (substring match)")
+    ap.add_argument("--iterations", type=int, default=ITERATIONS)
+    ap.add_argument("--dry-run", action="store_true", help="dry_run=true for every case (CPU: no GPU needed)")
+    ap.add_argument("--list", action="store_true", help="print the case table and exit")
+    ap.add_argument("--skip-done", action="store_true", help="leave out cases that already have a row in --results")
+    ap.add_argument("--results", type=Path, default=RESULTS)
+    ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "perf_h200x2" / time.strftime("%Y%m%d-%H%M%S"))
+    args = ap.parse_args(argv)
+    cases = expand(args.sweep, args.only, args.iterations)
+    if args.skip_done:
+        from vlmtrain import results
+
+        done = {r["name"] for r in results.read_jsonl(args.results)}
+        cases = [(c, k) for c, k in cases if c.name not in done]
+    if not cases:
+        print("[perf] no case matches", file=sys.stderr)
+        return 2
+    print(f"[perf] {len(cases)} case(s), ~{len(cases) * CASE_S / 60:.0f} min of device time at ~{CASE_S} s each")
+    if args.list:
+        print(table(cases))
+        return 0
+    if args.dry_run:
+        status = dry_run(cases, args.out)
+        print("\n" + table(cases, status))
+        return 0 if all(s == "ok" for s in status.values()) else 1
+    from vlmtrain.run import local_gpus
+
+    if local_gpus() < GPUS:
+        print(f"[perf] needs {GPUS} GPUs, this machine has {local_gpus()}: use --dry-run here", file=sys.stderr)
+        return 2
+    failed, ran = 0, set()
+    for case, _ in cases:
+        [(case, rc, run_dir, wall)] = run_cases.run_batch([case], args.out, GPUS)
+        row = run_cases.record(case, rc, run_dir, wall, args.results, config=run_cases.overrides(case),
+                               runner="python benchmarks/perf_h200x2.py --sweep " + " ".join(args.sweep))
+        failed += row is None
+        ran |= {case.name} if row else set()
+    mock_ratio_row(ran, args.results)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

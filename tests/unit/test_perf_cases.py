@@ -1,0 +1,137 @@
+"""Issue 9 benchmarks on CPU: every perf_h200x2 case expands and passes preflight as train.py would compose it, rows
+are assembled from real GPU run files, and overhead.py reads Bridge's own step times from real Bridge logs."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+from vlmtrain import preflight, world
+from vlmtrain.compose import compose
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import overhead  # noqa: E402
+import perf_h200x2 as perf  # noqa: E402
+import run_cases  # noqa: E402
+
+GPU_CASES = ROOT / "tests" / "fixtures" / "gpu_cases"
+FIXTURES = sorted(d for d in GPU_CASES.iterdir() if (d / "train.log").exists())
+FSDP_EP2 = GPU_CASES / "30b-shape-l4_fsdp_ep2_trainable_recompute-none_graph-none_2gpu"
+THREE_D_EP2 = GPU_CASES / "30b-shape-l4_3d_ep2_trainable_recompute-none_graph-none_2gpu"
+ALL = perf.expand(["all"])
+BENCHMARK = ["model=qwen3_vl_30b_a3b", "model.num_layers=8", "train.seq_length=4096", "hardware=h200",
+             f"train.global_batch_size={perf.GBS}"]
+
+
+def composed(case: run_cases.Case) -> object:
+    return compose(run_cases.overrides(case, dry_run=True))
+
+
+def test_sweeps_expand_to_unique_benchmark_cases() -> None:
+    assert {k.name() for k in perf.SWEEPS["mbs"]} <= {c.name for c, _ in ALL}
+    assert len({c.name for c, _ in ALL}) == len(ALL) == len({k for ks in perf.SWEEPS.values() for k in ks})
+    for sweep, knobs in perf.SWEEPS.items():
+        assert len(perf.expand([sweep])) == len(knobs) >= 2, sweep
+    for case, k in ALL:
+        assert case.gpus == 2 and all(o in case.overrides for o in BENCHMARK), case.name
+        assert ("frozen" in case.name) == (k.vision == "frozen"), case.name
+    assert [c.name for c, _ in perf.expand(["all"], ["mock"])] == [perf.dataclasses.replace(perf.B, data="mock").name()]
+
+
+@pytest.mark.parametrize("case", [c for c, _ in ALL], ids=[c.name for c, _ in ALL])
+def test_every_case_passes_preflight(case: run_cases.Case) -> None:
+    run = composed(case)
+    assert preflight.errors(preflight.check(run)) == []
+    assert world.layout(run).world_size == 2 and run.train.seq_length == 4096 and run.model.num_layers == 8
+
+
+def test_mbs_sweep_changes_only_grad_accum() -> None:
+    runs = [composed(c) for c, _ in perf.expand(["mbs"])]
+    assert [r.train.micro_batch_size for r in runs] == [1, 2, 4, 8]
+    assert {r.train.global_batch_size for r in runs} == {perf.GBS}
+    assert [r.train.global_batch_size // (r.train.micro_batch_size * world.layout(r).dp) for r in runs] == [8, 4, 2, 1]
+
+
+def test_parallelism_cases_do_equal_useful_work() -> None:
+    runs = [composed(c) for c, _ in perf.expand(["parallelism"])]
+    assert [(world.layout(r).tp, world.layout(r).ep) for r in runs] == [(1, 2), (1, 2), (2, 2)]
+    assert [r.parallelism.kind for r in runs] == ["fsdp", "3d", "3d"]
+    same = {(r.data.kind, r.data.payload.seed, r.train.global_batch_size, r.train.seq_length, r.train.iterations,
+             r.train.micro_batch_size, r.vision.freeze_vision_model) for r in runs}
+    assert len(same) == 1
+
+
+def test_cli_lists_and_rejects_unknown_sweeps(capsys: pytest.CaptureFixture[str]) -> None:
+    assert perf.main(["--sweep", "frozen", "mock", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert perf.dataclasses.replace(perf.B, vision="frozen").name() in out and "EP2 DP2" in out
+    with pytest.raises(SystemExit):
+        perf.main(["--sweep", "nope", "--list"])
+
+
+def test_row_from_real_run_files(tmp_path: Path) -> None:
+    case, _ = ALL[0]
+    path = tmp_path / "perf.jsonl"
+    row = run_cases.record(case, 0, FSDP_EP2, 120.0, path, config=run_cases.overrides(case))
+    assert row is not None and json.loads(path.read_text()) == row
+    assert {"useful_tokens_per_s_per_gpu", "mfu", "step_s", "peak_mem_gib"} <= set(row["metrics"])
+    assert row["config"] == run_cases.overrides(case) and "dry_run=false" in row["config"]
+    assert row["command"] == "python train.py " + " ".join(row["config"])
+    assert run_cases.record(case, 1, FSDP_EP2, 1.0, path) is None and len(path.read_text().splitlines()) == 1
+
+
+@pytest.mark.parametrize("run_dir", FIXTURES, ids=[d.name for d in FIXTURES])
+def test_bridge_step_times_match_vlmtrain_metrics(run_dir: Path) -> None:
+    """Bridge's "elapsed time per iteration" of iteration s+1 is vlmtrain's step s (same step, two clocks; Bridge's
+    first interval also holds the set-up before the first step)."""
+    ms = overhead.bridge_step_ms((run_dir / "train.log").read_text())
+    rows = {r["step"] + 1: r["step_s"] * 1000 for r in map(json.loads, (run_dir / "metrics.jsonl").open())}
+    assert len(ms) >= 4 and set(ms) <= set(rows)
+    for it, t in ms.items():
+        assert t == pytest.approx(rows[it], rel=0.02) or (it == 1 and t > rows[it]), it
+    assert overhead.steady(ms) == [ms[i] for i in sorted(ms) if i > overhead.SKIP]
+
+
+def test_overhead_ratio_from_real_logs() -> None:
+    pair = overhead.pair_record(FSDP_EP2, THREE_D_EP2, 120.3, 78.5)
+    assert len(pair["direct_log_ms"]) == 5 and len(pair["vlmtrain_metrics_ms"]) == 5
+    m = overhead.overhead_metrics([pair, pair])
+    assert m["overhead_ratio"] == pytest.approx(
+        statistics.median(pair["vlmtrain_log_ms"]) / statistics.median(pair["direct_log_ms"]))
+    assert m["overhead_ratio"] > 1.2  # FSDP's 4-layer step is slower than 3D's in these runs
+    assert m["overhead_ratio_metrics"] == pytest.approx(m["overhead_ratio"], rel=0.02)
+    assert m["pair_ratios"] == [m["overhead_ratio"]] * 2 and m["pairs"] == 2
+    same = overhead.overhead_metrics([overhead.pair_record(FSDP_EP2, FSDP_EP2, 1.0, 1.0)])
+    assert same["overhead_ratio"] == 1.0
+
+
+def test_real_vs_mock_row_and_skip_done(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Rows of an earlier session count: the ratio row pairs them with this session's, --skip-done leaves them out."""
+    (real, _), (mock, _) = perf.expand(["mock"])
+    path = tmp_path / "perf.jsonl"
+    run_cases.record(real, 0, THREE_D_EP2, 80.0, path, config=run_cases.overrides(real))
+    assert perf.mock_ratio_row({mock.name}, path) is None  # no mock row yet
+    run_cases.record(mock, 0, FSDP_EP2, 120.0, path, config=run_cases.overrides(mock))
+    assert perf.mock_ratio_row(set(), path) is None  # neither side ran in this invocation
+    row = perf.mock_ratio_row({mock.name}, path)
+    assert row is not None and row["config"] == {"real": run_cases.overrides(real), "mock": run_cases.overrides(mock)}
+    assert row["metrics"]["real_over_mock_step_s"] < 1  # the 3D run files stand in for "real": faster steps
+    capsys.readouterr()
+    assert perf.main(["--sweep", "mock", "frozen", "--skip-done", "--list", "--results", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "1 case(s)" in out and "frozen" in out and mock.name not in out
+
+
+def test_overhead_picks_perf_cases_and_launches_like_vlmtrain() -> None:
+    case = overhead.pick(perf.B.name(), 10)
+    assert case.name == perf.B.name() and "train.iterations=10" in case.overrides
+    assert overhead.pick("3d-tp2", 10).name.startswith("30b-l8_3d-tp2-ep2_")
+    cmd = overhead.direct_command(Path("r/run_config.yaml"), 2, "29500")
+    assert cmd[1:6] == ["-m", "torch.distributed.run", "--nproc-per-node=2", "--nnodes=1", "--master-port"]
+    assert cmd[-2:] == [str(ROOT / "benchmarks" / "direct_pretrain.py"), "r/run_config.yaml"]
