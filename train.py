@@ -1,7 +1,5 @@
 """vlmtrain entry point: `python train.py [group=option ...] [key=value ...]` (see README.md)."""
 
-import sys
-
 import hydra
 from omegaconf import DictConfig
 
@@ -16,7 +14,9 @@ def main(cfg: DictConfig) -> None:
 
     status = run_main(cfg)
     if status:
-        sys.exit(status)
+        from vlmtrain.run import exit_failed
+
+        exit_failed(status)
 
 
 if __name__ == "__main__":

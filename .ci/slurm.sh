@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Single-node Slurm (Debian 12: slurm-wlm 22.05.8) for CI, without systemd. Run as root.
 # Usage: slurm_ci.sh start|stop   (start also stops leftovers of an earlier start)
-# Env knobs: NCPUS (default nproc), FAKE_GPUS (default 2), ACCOUNTING=1 (slurmdbd+MariaDB so `sacct` works).
+# Env knobs: NCPUS (default nproc), FAKE_GPUS (default 2), ACCOUNTING=1 (slurmdbd+MariaDB so `sacct` works),
+#   CRED_EXPIRE (default 20 s; Slurm's 120): a requeued job waits CRED_EXPIRE+1 s before it can start again.
 set -euo pipefail
 
 # ---- stop: by PID file only, and only if that PID really is the expected daemon ----
@@ -33,6 +34,7 @@ slurm_start() {
 NCPUS=${NCPUS:-$(nproc)}
 FAKE_GPUS=${FAKE_GPUS:-2}
 ACCOUNTING=${ACCOUNTING:-1}
+CRED_EXPIRE=${CRED_EXPIRE:-20}
 MEM_MB=${MEM_MB:-$(( $(awk '/MemTotal/{print $2}' /proc/meminfo) / 1024 * 9 / 10 ))}
 
 pkgs="slurmctld slurmd slurm-client munge"
@@ -65,6 +67,7 @@ SlurmctldHost=localhost
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
+AuthInfo=cred_expire=${CRED_EXPIRE}
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 ReturnToService=2

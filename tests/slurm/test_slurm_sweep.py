@@ -127,7 +127,7 @@ def test_slurm_requeue_resumes_in_run_dir(slurm: None, tmp_path: Path) -> None:
     """Slurm's timeout/preemption signal (USR2: `--signal=USR2@signal_delay_s`; sent here with scancel, as
     submitit's own job._interrupt() does) reaches the running task; vlmtrain relays it (SIGTERM for Bridge), the
     task ends, submitit's checkpoint() resubmits the same job and requeues it; the second attempt runs in the same
-    run dir (same checkpoint.load) and the sweep completes."""
+    run dir with the same checkpoint.load as the first attempt's checkpoint.save, and the sweep completes."""
     sweep = tmp_path / "sweep"
     cmd = [sys.executable, "train.py", "-m", *SLURM, f"hydra.sweep.dir={sweep}", "hardware=h100",
            "train.save_interval=5"]
@@ -139,6 +139,11 @@ def test_slurm_requeue_resumes_in_run_dir(slurm: None, tmp_path: Path) -> None:
         (record_path,) = sweep.glob("0_*/rank0.json")
         job_id = json.loads(record_path.read_text())["slurm"]["job_id"]
         assert _sh("scancel", "--signal=USR2", job_id).returncode == 0
+        # attempt 1 finishes its plan, records the signal and hands back to submitit (requeue ~CRED_EXPIRE s later)
+        while "signal" not in json.loads(record_path.read_text()) and time.monotonic() < deadline + 300:
+            time.sleep(0.5)
+        bridge_config = record_path.parent / "bridge_config.yaml"
+        first_ckpt = [train_value(bridge_config, "checkpoint", k) for k in ("load", "save")]
         stdout, stderr = proc.communicate(timeout=900)
     finally:
         if proc.poll() is None:
@@ -146,7 +151,6 @@ def test_slurm_requeue_resumes_in_run_dir(slurm: None, tmp_path: Path) -> None:
     assert proc.returncode == 0, f"{stdout}\n{stderr}"
     assert "sweep done: 1 of 1 launched job(s) completed" in stdout
 
-    run_dir = record_path.parent
     record = json.loads(record_path.read_text())
     assert record["slurm"]["restart_count"] == "1" and "signal" not in record
     (first,) = record["previous"]
@@ -156,7 +160,6 @@ def test_slurm_requeue_resumes_in_run_dir(slurm: None, tmp_path: Path) -> None:
     assert states == ["REQUEUED", "COMPLETED"], states
     log = "".join(p.read_text() for p in (sweep / ".submitit").glob("*/*_0_log.out"))
     assert "Calling checkpoint method." in log and "Requeued job" in log
-    # the requeued attempt resumes from the same run dir: Bridge loads <run dir>/checkpoints when it exists
-    ckpt = str(run_dir / "checkpoints")
-    bridge_config = run_dir / "bridge_config.yaml"
-    assert train_value(bridge_config, "checkpoint", "load") == ckpt == train_value(bridge_config, "checkpoint", "save")
+    # the requeued attempt resumes where the first saved: same checkpoint.load/save (Bridge loads it when it exists)
+    assert first_ckpt[0] == first_ckpt[1] != "null"
+    assert [train_value(bridge_config, "checkpoint", k) for k in ("load", "save")] == first_ckpt

@@ -13,6 +13,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from vlmtrain import launch
+from vlmtrain.compose import CONF_DIR
+from vlmtrain.schema import register
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -31,9 +33,12 @@ def job_dirs(sweep_dir: Path) -> list[Path]:
     (["hardware=h100"], (1, 8, 8)),
     (["hardware=h100", "nodes=2", "gpus_per_node=2"], (2, 2, 2)),
 ])
-def test_slurm_resources_follow_the_job(compose, overrides: list[str], resources: tuple[int, int, int]) -> None:
+def test_slurm_resources_follow_the_job(overrides: list[str], resources: tuple[int, int, int]) -> None:
     """nodes / tasks per node / GPUs per node come from the job's nodes, gpus_per_node and hardware group."""
-    cfg = hydra.compose(config_name="train", overrides=["hydra/launcher=slurm", *overrides], return_hydra_config=True)
+    register()
+    with hydra.initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = hydra.compose(config_name="train", overrides=["hydra/launcher=slurm", *overrides],
+                            return_hydra_config=True)
     params = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
     assert (params["nodes"], params["tasks_per_node"], params["gpus_per_node"]) == resources
     assert params["_target_"].endswith("SlurmLauncher")
@@ -70,9 +75,11 @@ def test_nothing_launches_when_preflight_stops_the_sweep(tmp_path: Path, overrid
 
 def test_failing_job_does_not_stop_the_sweep(tmp_path: Path) -> None:
     """Job 0 passes preflight (its rule is ignored) but Bridge's validation fails (status 3): the basic launcher
-    still runs job 1, and the sweep exits 1 naming the failed job. Real dry runs (imports Bridge, ~1.5 min)."""
+    still runs job 1, the sweep report is written, and the sweep exits 1 naming the failed job. Real dry runs
+    (imports Bridge once, ~30-90 s)."""
     out = multirun(tmp_path, "dry_run=true", "train.global_batch_size=7,8",
-                   "preflight.ignore=[global_batch_divisible]", timeout=600)
+                   "preflight.ignore=[global_batch_divisible]",
+                   "+hydra.callbacks.report._target_=vlmtrain.report.ReportCallback", timeout=600)
     assert out.returncode == 1, out.stdout + out.stderr
     assert "1 of 2 launched job(s) failed" in out.stderr
     assert "#0 dry_run=True train.global_batch_size=7" in out.stderr
@@ -81,6 +88,8 @@ def test_failing_job_does_not_stop_the_sweep(tmp_path: Path) -> None:
     assert first.name.startswith("0_") and not (first / "bridge_config.yaml").exists()
     assert second.name.startswith("1_") and (second / "bridge_config.yaml").is_file()
     assert "sweep done: 1 of 2 launched job(s) completed, 1 failed" in out.stdout
+    # on_multirun_end still ran (Hydra skips it when the sweep raises): the sweep report covers the failure
+    assert (tmp_path / "report.md").is_file()
 
 
 def test_rank_record_keeps_earlier_attempts(tmp_path: Path) -> None:

@@ -1,0 +1,247 @@
+"""A BasicSweeper that runs vlmtrain's preflight on every job of a `-m` sweep before any job starts.
+
+Why: a sweep's bad combinations (FSDP with PP, CUDA graphs with full recompute, a GBS that MBS x DP does not
+divide, DeepEP on GB200...) would otherwise fail one by one on the cluster, after queueing. Here each job is
+composed with Hydra's own config loader, converted to the typed RunConfig and checked; only valid jobs reach
+the launcher (basic, submitit_local or submitit_slurm), invalid ones are listed in `<sweep dir>/preflight.json`
+and in the printed table. Launched jobs are numbered 0..N-1 (`hydra.job.num`), in the order of
+`preflight.json`'s "launched" list.
+
+Launcher parameters are resolved against each job's config, not only the sweep's: `hydra/launcher=slurm`
+derives nodes and GPUs per node from `nodes`, `gpus_per_node` and the hardware group, so a sweep over
+`hardware=gb200,h100` needs two resource shapes. Jobs are grouped by their resolved launcher parameters and
+each group goes through its own launcher instance (one Slurm array per group, groups one after the other).
+
+A job that fails while running does not stop the others; the sweep raises at the end, listing every failure
+(after running the on_multirun_end callbacks, which Hydra would skip, so the sweep report still covers it).
+"""
+# No `from __future__ import annotations`: Hydra's plugin scanner executes this module before it is in
+# sys.modules, and dataclasses then cannot resolve string annotations.
+
+import copy
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn
+
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper, BasicSweeperConf
+from hydra.core.config_store import ConfigStore
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.plugins import Plugins
+from hydra.core.utils import JobReturn, JobStatus, filter_overrides
+from hydra.errors import HydraException
+from hydra.plugins.launcher import Launcher
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+from omegaconf.errors import OmegaConfBaseException
+
+log = logging.getLogger(__name__)
+
+PREFLIGHT_FILE = "preflight.json"
+
+
+@dataclass
+class VlmtrainSweeperConf(BasicSweeperConf):
+    _target_: str = "hydra_plugins.vlmtrain_sweeper.vlmtrain_sweeper.VlmtrainSweeper"
+    preflight_only: bool = False
+    """Expand and preflight the sweep, write preflight.json and the table, launch nothing."""
+
+
+ConfigStore.instance().store(group="hydra/sweeper", name="vlmtrain", node=VlmtrainSweeperConf, provider="vlmtrain")
+
+
+class SweepPreflightError(HydraException):
+    """Raised before anything launches: preflight.fail_sweep=true with an invalid job, or no valid job."""
+
+
+class SweepJobsFailed(HydraException):
+    """Raised after every launched job ended, when some of them failed."""
+
+
+@dataclass
+class SweepJob:
+    """One job of the expanded sweep and what preflight said about it."""
+
+    overrides: list[str]
+    findings: list[str] = field(default_factory=list)
+    valid: bool = True
+    fail_sweep: bool = False
+    launcher: dict[str, Any] = field(default_factory=dict)
+    """The launcher parameters resolved against this job's config."""
+    num: int | None = None
+    """hydra.job.num once launched (None when skipped)."""
+
+    @property
+    def label(self) -> str:
+        return " ".join(filter_overrides(self.overrides)) or "(no overrides)"
+
+
+class VlmtrainSweeper(BasicSweeper):
+    def __init__(self, max_batch_size: int | None = None, params: dict[str, str] | None = None,
+                 preflight_only: bool = False) -> None:
+        super().__init__(max_batch_size=max_batch_size, params=params)
+        self.preflight_only = preflight_only
+        self.task_function: TaskFunction | None = None
+        self._default_launcher_params: dict[str, Any] = {}
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
+        self.task_function = task_function
+        self._default_launcher_params = _resolved(config.hydra.launcher)
+
+    # --- expansion and preflight ---------------------------------------------------------------------------
+
+    def expand(self, arguments: Sequence[str]) -> list[list[str]]:
+        """Every job's overrides: Hydra's own expansion (cartesian product, sweeper params first)."""
+        assert self.hydra_context is not None
+        parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
+        overrides = parser.parse_overrides([*self._parse_config(), *arguments])
+        return [list(job) for batch in self.split_arguments(overrides, None) for job in batch]
+
+    def check(self, overrides: list[str]) -> SweepJob:
+        """Compose one job as its launcher will, convert it to the RunConfig and run preflight on it."""
+        from vlmtrain import preflight
+        from vlmtrain.compose import to_run
+
+        assert self.hydra_context is not None and self.config is not None
+        cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+        job = SweepJob(overrides=list(overrides), launcher=_resolved(cfg.hydra.launcher),
+                       fail_sweep=bool(OmegaConf.select(cfg, "preflight.fail_sweep", default=False)))
+        try:
+            findings = preflight.check(to_run(cfg))
+        except (OmegaConfBaseException, ValueError) as e:  # schema: a missing value, a wrong type
+            message = " ".join(f"{type(e).__name__}: {e}".split())
+            findings = [preflight.Finding("schema", preflight.Severity.error, message)]
+        errors = preflight.errors(findings)
+        job.valid = not errors
+        job.findings = [str(f) for f in errors] + [str(f) for f in findings if f not in errors]
+        return job
+
+    # --- the sweep ---------------------------------------------------------------------------------------
+
+    def sweep(self, arguments: list[str]) -> Any:
+        assert self.config is not None and self.launcher is not None
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
+
+        jobs = [self.check(o) for o in self.expand(arguments)]
+        invalid = [j for j in jobs if not j.valid]
+        abort = bool(invalid) and any(j.fail_sweep for j in invalid)
+        groups = [] if abort else number_jobs(jobs)
+        write_preflight(sweep_dir / PREFLIGHT_FILE, jobs, launched=not abort, preflight_only=self.preflight_only)
+        print(summary_table(jobs, sweep_dir / PREFLIGHT_FILE), flush=True)
+        if abort:
+            self.end_with(SweepPreflightError(
+                f"preflight.fail_sweep=true and {len(invalid)} job(s) failed preflight; nothing was launched:\n"
+                + "\n".join(f"  {j.label}: {'; '.join(j.findings[:1])}" for j in invalid)))
+        if not any(j.valid for j in jobs):
+            self.end_with(SweepPreflightError(f"preflight rejected all {len(jobs)} job(s); nothing was launched "
+                                              f"(see {sweep_dir / PREFLIGHT_FILE})."))
+        if self.preflight_only:
+            return []
+        if len(groups) > 1:
+            print(f"[vlmtrain] the launched jobs need {len(groups)} different launcher settings (e.g. GPUs per "
+                  "node of different hardware): one launch per setting, one after the other.", flush=True)
+
+        returns: list[Sequence[JobReturn]] = []
+        for params, group in groups:
+            launcher, start = self.launcher_for(params), group[0].num or 0
+            for chunk in self.split_overrides_to_chunks([j.overrides for j in group], self.max_batch_size):
+                returns.append(launcher.launch(chunk, initial_job_idx=start))
+                start += len(chunk)
+        error = failures(returns)
+        if error is not None:
+            self.end_with(error)
+        return returns
+
+    def end_with(self, error: HydraException) -> NoReturn:
+        """Hydra skips on_multirun_end when the sweep raises: run it first, so callbacks (the sweep report) still
+        see a sweep with skipped or failed jobs, then raise for the non-zero exit status."""
+        assert self.hydra_context is not None and self.config is not None
+        self.hydra_context.callbacks.on_multirun_end(config=self.config,
+                                                     config_name=self.config.hydra.job.config_name)
+        raise error
+
+    def launcher_for(self, params: dict[str, Any]) -> Launcher:
+        """The configured launcher, or a new instance with another job's resolved parameters."""
+        assert self.hydra_context is not None and self.config is not None and self.task_function is not None
+        assert self.launcher is not None
+        if params == self._default_launcher_params:
+            return self.launcher
+        cfg = copy.deepcopy(self.config)
+        OmegaConf.copy_cache(from_config=self.config, to_config=cfg)  # same ${now:} -> same sweep dir
+        with read_write(cfg.hydra), open_dict(cfg.hydra):
+            cfg.hydra.launcher = params
+        return Plugins.instance().instantiate_launcher(hydra_context=self.hydra_context,
+                                                       task_function=self.task_function, config=cfg)
+
+
+def _resolved(node: Any) -> dict[str, Any]:
+    out = OmegaConf.to_container(node, resolve=True)
+    assert isinstance(out, dict)
+    return out
+
+
+def _num(ret: JobReturn) -> int:
+    return int(OmegaConf.select(ret.hydra_cfg, "hydra.job.num", default=-1)) if ret.hydra_cfg is not None else -1
+
+
+def number_jobs(jobs: list[SweepJob]) -> list[tuple[dict[str, Any], list[SweepJob]]]:
+    """Group the valid jobs by launcher parameters (first appearance first) and number them 0..N-1."""
+    groups: dict[str, tuple[dict[str, Any], list[SweepJob]]] = {}
+    for j in jobs:
+        if j.valid:
+            groups.setdefault(json.dumps(j.launcher, sort_keys=True, default=str), (j.launcher, []))[1].append(j)
+    n = 0
+    for _, members in groups.values():
+        for j in members:
+            j.num, n = n, n + 1
+    return list(groups.values())
+
+
+def write_preflight(path: Path, jobs: list[SweepJob], launched: bool, preflight_only: bool = False) -> None:
+    """preflight.json: the skipped jobs with their findings, and the launched jobs' overrides by job number."""
+    out: dict[str, Any] = {
+        "skipped": [{"job": j.label, "overrides": j.overrides, "findings": j.findings} for j in jobs if not j.valid],
+        "launched": [j.overrides for j in sorted((j for j in jobs if j.valid), key=lambda j: j.num or 0)]
+        if launched else [],
+    }
+    if preflight_only:
+        out["preflight_only"] = True
+    path.write_text(json.dumps(out, indent=2) + "\n")
+
+
+def summary_table(jobs: list[SweepJob], path: Path) -> str:
+    """One line per job in sweep order: job number (or SKIP), overrides, errors or warning rule names."""
+    n_ok = sum(j.valid for j in jobs)
+    width = min(max((len(j.label) for j in jobs), default=9), 80)
+    lines = [f"[vlmtrain] sweep preflight: {len(jobs)} job(s), {n_ok} to launch, {len(jobs) - n_ok} skipped "
+             f"-> {path}", f"  {'job':>4}  {'overrides':<{width}}  findings"]
+    for j in jobs:
+        if j.valid:
+            num = "-" if j.num is None else j.num
+            warned = [f.split(":", 1)[0].removeprefix("[warning] ") for f in j.findings]
+            lines.append(f"  {num:>4}  {j.label:<{width}}  {'warnings: ' + ', '.join(warned) if warned else '-'}")
+        else:
+            lines.append(f"  {'SKIP':>4}  {j.label:<{width}}  {j.findings[0]}")
+            lines += [f"  {'':>4}  {'':<{width}}  {f}" for f in j.findings[1:] if f.startswith("[error]")]
+    return "\n".join(lines)
+
+
+def failures(returns: Sequence[Sequence[JobReturn]]) -> SweepJobsFailed | None:
+    """After every job ended: print the outcome; the error to raise if any job failed."""
+    results = [r for batch in returns for r in batch]
+    failed = [r for r in results if r.status != JobStatus.COMPLETED]
+    print(f"[vlmtrain] sweep done: {len(results) - len(failed)} of {len(results)} launched job(s) completed"
+          + (f", {len(failed)} failed" if failed else ""), flush=True)
+    if not failed:
+        return None
+    lines = [f"  #{_num(r)} {' '.join(filter_overrides(r.overrides or []))}: "
+             f"{type(r._return_value).__name__}: {r._return_value}" for r in failed]
+    error = SweepJobsFailed(f"{len(failed)} of {len(results)} launched job(s) failed:\n" + "\n".join(lines))
+    cause = failed[0]._return_value
+    error.__cause__ = cause if isinstance(cause, BaseException) else None  # the first failure's traceback
+    return error
