@@ -91,7 +91,21 @@ def local(run: RunConfig) -> int:
            f"--nnodes={lay.nodes}", "--master-port", env.get("MASTER_PORT", "29511"),
            "-m", "vlmtrain.worker", str(path)]
     print(f"[vlmtrain] launching {lay.world_size} rank(s): {' '.join(cmd)}", flush=True)
-    return subprocess.call(cmd, env=env)
+    return tee(cmd, env, Path(run.output_dir) / RANKS_LOG)
+
+
+RANKS_LOG = "ranks.log"
+
+
+def tee(cmd: list[str], env: dict[str, str], log: Path) -> int:
+    """Run cmd with its output on this console and in the run dir (the sweep report reads crashes from it)."""
+    with log.open("ab") as f, subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as p:
+        assert p.stdout is not None
+        for line in p.stdout:
+            sys.stdout.buffer.write(line)
+            sys.stdout.flush()
+            f.write(line)
+        return p.wait()
 
 
 SLURM_KEYS = ("JOB_ID", "ARRAY_JOB_ID", "ARRAY_TASK_ID", "PROCID", "LOCALID", "NODEID", "NTASKS",
