@@ -6,9 +6,9 @@ itself recorded: the loss fell, and checks.json shows the requested setting took
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,9 +17,9 @@ from vlmtrain import results
 from vlmtrain.run import local_gpus
 
 ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("run_cases", ROOT / "benchmarks" / "run_cases.py")
-run_cases = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(run_cases)  # type: ignore[union-attr]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import run_cases  # noqa: E402  (benchmarks/ is scripts, not a package)
+
 CASES = run_cases.SUITES["gpu_training"]
 
 pytestmark = pytest.mark.gpu
