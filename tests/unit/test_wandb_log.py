@@ -112,6 +112,11 @@ def logged(run: RunConfig, bridge_cfg: Any) -> tuple[list[dict[str, Any]], Path]
 def read_back(logged: tuple[list[dict[str, Any]], Path]) -> dict[str, Any]:
     files = offline_files(logged[1])
     assert len(files) == 1, files  # exactly one W&B run per training run
+    # W&B's service process writes the record log asynchronously: read it once its exit record has landed
+    # (a loaded CI machine once read it mid-write and saw only the first step).
+    deadline = time.monotonic() + 60
+    while read_wandb_file(files[0])["exit_code"] is None and time.monotonic() < deadline:
+        time.sleep(0.5)
     return read_offline_run(files[0])
 
 
