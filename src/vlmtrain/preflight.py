@@ -140,26 +140,28 @@ def tp_divides_kv_heads(run: RunConfig, lay: Layout) -> str | None:
     return None
 
 
+def _split(run: RunConfig, lay: Layout) -> tuple[int, int]:
+    """(pipeline stages not sized explicitly by first/last_stage_layers, decoder layers they share)."""
+    p = run.parallelism
+    middle = lay.pp - (p.first_stage_layers is not None) - (p.last_stage_layers is not None)
+    return middle, run.model.num_layers - (p.first_stage_layers or 0) - (p.last_stage_layers or 0)
+
+
 def _stage_layers(run: RunConfig, lay: Layout) -> list[int]:
-    p, n = run.parallelism, run.model.num_layers
     if lay.pp == 1:
-        return [n]
-    first, last = p.first_stage_layers, p.last_stage_layers
-    middle_stages = lay.pp - (first is not None) - (last is not None)
-    rest = n - (first or 0) - (last or 0)
-    mid = [rest // middle_stages] * middle_stages if middle_stages else []
-    return [x for x in (first, *mid, last) if x is not None] if middle_stages else [first or 0, last or 0]
+        return [run.model.num_layers]
+    middle, rest = _split(run, lay)
+    mid = [rest // middle] * middle if middle else []
+    return [x for x in (run.parallelism.first_stage_layers, *mid, run.parallelism.last_stage_layers) if x is not None]
 
 
 @rule(Severity.error)
 def pipeline_split(run: RunConfig, lay: Layout) -> str | None:
-    p, n = run.parallelism, run.model.num_layers
     if lay.pp == 1:
         return None
-    middle_stages = lay.pp - (p.first_stage_layers is not None) - (p.last_stage_layers is not None)
-    rest = n - (p.first_stage_layers or 0) - (p.last_stage_layers or 0)
-    if middle_stages and rest % middle_stages:
-        return (f"parallelism.pp={lay.pp}: {rest} decoder layers do not split evenly over {middle_stages} stages "
+    middle, rest = _split(run, lay)
+    if middle and rest % middle:
+        return (f"parallelism.pp={lay.pp}: {rest} decoder layers do not split evenly over {middle} stages "
                 "(model.num_layers, parallelism.first_stage_layers/last_stage_layers).")
     return None
 
