@@ -7,10 +7,7 @@ iterator marks the data wait on the step timeline (vlmtrain.timing).
 
 from __future__ import annotations
 
-import json
-import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vlmtrain import timing
@@ -105,11 +102,3 @@ def for_run(run: RunConfig, counters: StepCounters) -> list[Any]:
 
     return [MetricsCallback(run, counters)]
 
-
-def append_jsonl(path: Path, row: dict[str, Any]) -> None:
-    with path.open("a") as f:
-        f.write(json.dumps(row) + "\n")
-
-
-def now() -> float:
-    return time.perf_counter()

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 from megatron.bridge.training.callbacks import Callback
 
 from vlmtrain import metrics, timing, wandb_log, world
-from vlmtrain.callbacks import COUNTERS, append_jsonl
+from vlmtrain.callbacks import COUNTERS
+from vlmtrain.results import append_jsonl
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer

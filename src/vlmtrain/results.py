@@ -79,6 +79,10 @@ def append(results: Path, name: str, command: str, metrics: dict[str, Any], **ex
         **extra,
     }
     results.parent.mkdir(parents=True, exist_ok=True)
-    with results.open("a") as f:
-        f.write(json.dumps(row) + "\n")
+    append_jsonl(results, row)
     return row
+
+
+def append_jsonl(path: Path, row: dict[str, Any]) -> None:
+    with path.open("a") as f:
+        f.write(json.dumps(row) + "\n")
