@@ -1,6 +1,6 @@
 """Issue 9.3: what vlmtrain costs on top of Megatron Bridge, measured on the same node in one session.
 
-    python benchmarks/overhead.py [--case SUBSTR] [--pairs 2] [--iterations 10]
+    python benchmarks/overhead.py [--case SUBSTR] [--pairs 2] [--iterations 8]
     python benchmarks/overhead.py --dry-run        # CPU: build + Bridge validation of the direct side
 
 Alternating pairs of (a) `python train.py <case>` and (b) torchrun of benchmarks/direct_pretrain.py: Bridge's
@@ -8,7 +8,8 @@ pretrain() on the IDENTICAL ConfigContainer (built by vlmtrain.build from (a)'s 
 Bridge's qwen3_vl_step forward step and no vlmtrain callbacks. Both step times come from Bridge's own log line
 ("elapsed time per iteration (ms)", log_interval=1), so the ratio is like for like; (a)'s metrics.jsonl step_s
 gives a second ratio. Post-warm-up steps (iteration > skip) of all pairs are pooled; medians. One row
-`overhead_<case>` goes to results/perf_h200x2.jsonl.
+`overhead_<case>` goes to results/perf_h200x2.jsonl, and pair 0's (a) run is recorded there as the case's own row
+(it is exactly `perf_h200x2.py`'s run of that case), so the overhead pair costs one extra run, not two.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import perf_h200x2  # noqa: E402
 import run_cases  # noqa: E402
 from run_cases import ROOT, Case  # noqa: E402
 
-ITERATIONS = 10
+ITERATIONS = perf_h200x2.ITERATIONS  # pair 0's vlmtrain run doubles as the case's perf_h200x2 row
 SKIP = 3  # as vlmtrain.results.summarize: metrics step s is Bridge's iteration s + 1
 BRIDGE_LINE = re.compile(r"\biteration\s+(\d+)/\s*\d+\s*\|.*?elapsed time per iteration \(ms\):\s*([0-9.]+)")
 
@@ -147,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
         if rc:
             print((a_dir / "train.log").read_text()[-4000:], file=sys.stderr)
             return 1
+        if i == 0:
+            run_cases.record(case, rc, a_dir, a_wall, args.results, config=run_cases.overrides(case),
+                             runner=f"python benchmarks/overhead.py --case {case.name} (pair 0, vlmtrain side)")
         b_dir = args.out / f"pair{i}_direct"
         rc, b_wall = run_direct(a_dir / "run_config.yaml", b_dir, case.gpus)
         if rc:

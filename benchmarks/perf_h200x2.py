@@ -4,6 +4,7 @@ results/perf_h200x2.jsonl (metrics from vlmtrain.results.summarize, the full ove
     python benchmarks/perf_h200x2.py --sweep mbs parallelism [--only SUBSTR ...] [--iterations 8]
     python benchmarks/perf_h200x2.py --sweep all --dry-run     # CPU: preflight + Bridge validation of every case
     python benchmarks/perf_h200x2.py --sweep all --list        # the case table only
+    python benchmarks/perf_h200x2.py --report                  # results/perf_h200x2.md from the results file
 
 The benchmark: Qwen3-VL-30B-A3B layer shapes, 8 decoder layers, full ViT, trainable vision and decoder, real
 images (data=realistic at conf/data/realistic.yaml's distribution), seq 4096, BF16, one 2-GPU node. Every case
@@ -30,7 +31,7 @@ from run_cases import ROOT, Case  # noqa: E402
 GPUS = 2
 GBS = 16  # a multiple of MBS 8 x DP 2: grad-accum 8/4/2/1 over the MBS sweep, 16 with TP2 (DP 1)
 ITERATIONS = 8  # summarize() skips 3 warm-up steps: 5 measured
-CASE_S = 180  # rough device seconds per case: ~90 s startup + first step ~30 s + 7 steps of ~5-8 s
+CASE_S = 120  # device seconds per case: 82-150 s measured (wall_s in results/perf_h200x2.jsonl)
 BASE = [
     "model=qwen3_vl_30b_a3b",
     "model.num_layers=8",
@@ -42,6 +43,8 @@ PARALLELISM = {
     "fsdp-ep2": ["parallelism=fsdp", "parallelism.ep=2"],
     "3d-ep2": ["parallelism=3d", "parallelism.ep=2"],
     "3d-tp2-ep2": ["parallelism=3d", "parallelism.tp=2", "parallelism.ep=2"],
+    # EP 1: the one 2-GPU layout where Bridge's Qwen-VL step does not pad every sample to seq_length
+    "fsdp-ep1": ["parallelism=fsdp", "parallelism.ep=1"],
 }
 RESULTS = ROOT / "results" / "perf_h200x2.jsonl"
 
@@ -75,18 +78,22 @@ class Knobs:
 
 B = Knobs()
 SWEEPS: dict[str, list[Knobs]] = {
-    # recompute=full: MBS 4 and 8 exceed 141 GiB without it (vlmtrain.memory: vision activations, logits at seq 4096)
-    "mbs": [dataclasses.replace(B, mbs=m, recompute="full") for m in (1, 2, 4, 8)],
+    # Trainable vision fits MBS 1 and 2 without recompute (77-103 GiB by vlmtrain.memory); MBS 4 needs full
+    # recompute, which preflight refuses with trainable deepstack mergers (deepstack_full_recompute).
+    "mbs": [dataclasses.replace(B, parallelism=p, mbs=m) for p in ("fsdp-ep2", "3d-ep2") for m in (1, 2)],
     "recompute_graph": [dataclasses.replace(B, parallelism="3d-ep2", recompute=r, graph=g)
                         for r in ("none", "selective") for g in ("none", "moe_router_preprocess")],
     "dispatcher": [dataclasses.replace(B, dispatcher=d) for d in ("alltoall", "deepep", "hybridep")],
     "parallelism": [dataclasses.replace(B, parallelism=p) for p in PARALLELISM],
-    # Bridge refuses in-batch packing at MBS 1; MBS 4 needs recompute=full (as in the mbs sweep)
-    "packing": [dataclasses.replace(B, mbs=m, recompute=r, packing=p) for m, r in ((2, "none"), (4, "full"))
-                for p in (False, True)],
-    "frozen": [B, dataclasses.replace(B, vision="frozen")],
+    # Bridge refuses in-batch packing at MBS 1
+    "packing": [dataclasses.replace(B, parallelism=p, mbs=2, packing=k) for p in ("fsdp-ep2", "3d-ep2")
+                for k in (False, True)],
+    "frozen": [dataclasses.replace(B, parallelism=p, mbs=m, vision=v) for p, m in (("fsdp-ep2", 1), ("3d-ep2", 2))
+               for v in ("trainable", "frozen")],
     "mock": [B, dataclasses.replace(B, data="mock")],
 }
+# The fastest case measured (results/perf_h200x2.jsonl), shipped as conf/experiment/perf_h200x2_best.yaml.
+BEST = dataclasses.replace(B, parallelism="3d-ep2", mbs=2)
 
 
 def expand(sweeps: list[str], only: list[str] | None = None, iterations: int = ITERATIONS) -> list[tuple[Case, Knobs]]:
@@ -147,17 +154,73 @@ def mock_ratio_row(ran: set[str], results_path: Path) -> dict[str, Any] | None:
                    metrics, config={"real": real["config"], "mock": mock["config"]})
 
 
+def _k(**changes: Any) -> str:
+    return dataclasses.replace(B, **changes).name()
+
+
+# The seed's claims at this scale: (what, case A, case B); each ratio is A / B of the same metric, equal useful work.
+CLAIMS = [
+    ("frozen vision gain, FSDP EP2 MBS 1", _k(vision="frozen"), _k()),
+    ("frozen vision gain, 3D EP2 MBS 2", _k(parallelism="3d-ep2", mbs=2, vision="frozen"),
+     _k(parallelism="3d-ep2", mbs=2)),
+    ("MBS 2 vs 1, FSDP EP2", _k(mbs=2), _k()),
+    ("MBS 2 vs 1, 3D EP2", _k(parallelism="3d-ep2", mbs=2), _k(parallelism="3d-ep2")),
+    ("3D vs FSDP, EP2 MBS 1", _k(parallelism="3d-ep2"), _k()),
+    ("3D vs FSDP, EP2 MBS 2", _k(parallelism="3d-ep2", mbs=2), _k(mbs=2)),
+    ("packing vs not, FSDP EP2 MBS 2", _k(mbs=2, packing=True), _k(mbs=2)),
+    ("packing vs not, 3D EP2 MBS 2", _k(parallelism="3d-ep2", mbs=2, packing=True), _k(parallelism="3d-ep2", mbs=2)),
+    ("real vs mock images, FSDP EP2 MBS 1", _k(), _k(data="mock")),
+]
+
+
+def report(results_path: Path) -> str:
+    """Markdown from the results file alone: every measured case, then each claim's ratios (rows that are missing
+    or failed are named, not guessed)."""
+    from vlmtrain import results
+
+    latest = {r["name"]: r for r in results.read_jsonl(results_path)}
+    ok = {n: r["metrics"] for n, r in latest.items() if "useful_tokens_per_s_per_gpu" in r["metrics"]}
+    lines = [f"# {results_path.name}: generated by `python benchmarks/perf_h200x2.py --report`", "",
+             "| case | step_s | useful tok/s/GPU | MFU | peak GiB | useful fraction | note |",
+             "|---|---|---|---|---|---|---|"]
+    for n, m in sorted(ok.items(), key=lambda kv: -kv[1]["useful_tokens_per_s_per_gpu"]):
+        note = "exit 1 after training (see row)" if latest[n].get("rc") else ""
+        lines.append(f"| {n} | {m['step_s']:.2f} | {m['useful_tokens_per_s_per_gpu']:.0f} | {m['mfu']:.1%} | "
+                     f"{m['peak_mem_gib']:.0f} | {m['nonpad_fraction']:.1%} | {note} |")
+    lines += ["", "| claim | useful tok/s/GPU A/B | step_s A/B |", "|---|---|---|"]
+    for what, a, b in CLAIMS:
+        if a in ok and b in ok:
+            useful = ok[a]["useful_tokens_per_s_per_gpu"] / ok[b]["useful_tokens_per_s_per_gpu"]
+            lines.append(f"| {what} | {useful:.2f} | {ok[a]['step_s'] / ok[b]['step_s']:.2f} |")
+        else:
+            lines.append(f"| {what} | not measured: {', '.join(n for n in (a, b) if n not in ok)} | |")
+    failed = [n for n, r in latest.items() if n not in ok and r.get("rc")]
+    lines += ["", *(f"- failed: {n}: {latest[n].get('error', '')}" for n in failed)]
+    over = next((r["metrics"] for n, r in latest.items() if n.startswith("overhead_")), None)
+    if over:
+        lines.append(f"- overhead_ratio (vlmtrain / Bridge pretrain() alone): {over['overhead_ratio']:.3f} over "
+                     f"{over['pairs']} pair(s) of {over['steady_steps_per_run']} steady steps")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sweep", nargs="+", required=True, choices=[*SWEEPS, "all"])
+    ap.add_argument("--sweep", nargs="+", choices=[*SWEEPS, "all"])
     ap.add_argument("--only", nargs="*", help="case names (substring match)")
     ap.add_argument("--iterations", type=int, default=ITERATIONS)
     ap.add_argument("--dry-run", action="store_true", help="dry_run=true for every case (CPU: no GPU needed)")
     ap.add_argument("--list", action="store_true", help="print the case table and exit")
+    ap.add_argument("--report", action="store_true", help="write <results>.md (cases, claims) from --results and exit")
     ap.add_argument("--skip-done", action="store_true", help="leave out cases that already have a row in --results")
     ap.add_argument("--results", type=Path, default=RESULTS)
     ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "perf_h200x2" / time.strftime("%Y%m%d-%H%M%S"))
     args = ap.parse_args(argv)
+    if args.report:
+        args.results.with_suffix(".md").write_text(report(args.results))
+        print(args.results.with_suffix(".md").read_text())
+        return 0
+    if not args.sweep:
+        ap.error("--sweep is required (or --report)")
     cases = expand(args.sweep, args.only, args.iterations)
     if args.skip_done:
         from vlmtrain import results

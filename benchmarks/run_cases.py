@@ -46,7 +46,12 @@ SUITES: dict[str, list[Case]] = {
         Case("tiny_fsdp_ep1_trainable_recompute-none_graph-none_1gpu", 1, TINY),
         Case("tiny_fsdp_ep1_frozen_recompute-none_graph-none_1gpu", 1, [*TINY, "vision=frozen"]),
         Case("tiny_fsdp_ep1_trainable_recompute-selective_graph-none_1gpu", 1, [*TINY, "recompute=selective"]),
-        Case("tiny_fsdp_ep1_trainable_recompute-full_graph-none_1gpu", 1, [*TINY, "recompute=full"]),
+        # full recompute needs the projector frozen too (preflight rule deepstack_full_recompute)
+        Case(
+            "tiny_fsdp_ep1_frozen-projector_recompute-full_graph-none_1gpu",
+            1,
+            [*TINY, "recompute=full", "vision=frozen_with_projector"],
+        ),
         Case(
             "tiny_3d_ep1_trainable_recompute-none_graph-moe_router_preprocess_1gpu",
             1,

@@ -90,15 +90,27 @@ def after_model_build(run: RunConfig, context: Any) -> dict[str, Any]:
     return report
 
 
+def _frozen_params(chunk: Any) -> list[tuple[str, Any]]:
+    """(name, tensor) of every frozen parameter, read where its value lives. Megatron-FSDP swaps the module's
+    parameters between its sharded DTensors and the unsharded buffers, and frozen ones are not swapped back after
+    backward (2 x H200, FSDP EP2, vision=frozen: per-rank shard sums before training, the whole tower's sum on every
+    rank after), so under FSDP the buffer's own sharded copies are read: the same shard at both ends of training."""
+    sharded: dict[str, Any] = {}
+    m = chunk
+    while m is not None and not sharded:
+        buf = getattr(m, "param_and_grad_buffer", None)
+        sharded = dict(getattr(buf, "optimizer_named_parameters", None) or {})
+        m = getattr(m, "module", None)
+    return [(n, sharded.get(n, p)) for n, p in _unwrap(chunk).named_parameters() if not p.requires_grad]
+
+
 def frozen_checksums(model_chunks: list[Any]) -> dict[str, float]:
     """Checksum of this rank's shard of every frozen tower (sum and abs-sum of its parameters)."""
     import torch
 
     sums: dict[str, float] = {}
     for chunk in model_chunks:
-        for name, p in _unwrap(chunk).named_parameters():
-            if p.requires_grad:
-                continue
+        for name, p in _frozen_params(chunk):
             t = p.to_local() if hasattr(p, "to_local") else p
             t = t.detach().float()
             tower = name.split(".", 1)[0]

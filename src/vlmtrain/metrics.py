@@ -59,7 +59,8 @@ def vit_forward(m: ModelConfig, patches: Iterable[int]) -> tuple[float, float]:
     blocks = projector = 0.0
     n_mergers = 1 + len(v.deepstack_indexes)
     for p in patches:
-        blocks += 2 * p * 1536 * hv + v.depth * (2 * p * hv * 3 * hv + 2 * p * hv * hv + 4 * p * hv * iv + 4 * p * p * hv)
+        per_layer = 2 * p * hv * 3 * hv + 2 * p * hv * hv + 4 * p * hv * iv + 4 * p * p * hv
+        blocks += 2 * p * 1536 * hv + v.depth * per_layer
         projector += n_mergers * (2 * (p / 4) * (4 * hv) ** 2 + 2 * (p / 4) * (4 * hv) * m.hidden_size)
     return blocks, projector
 

@@ -74,13 +74,15 @@ def hybridep_topology(run: RunConfig, lay: Layout) -> str | None:
         return None
     hw = run.hardware
     if hw.sm_major not in (8, 9, 10):
-        return f"dispatcher=hybridep needs SM 8.x/9.x/10.x; hardware={hw.name} is SM {hw.sm_major}. Use dispatcher=alltoall."
+        return (f"dispatcher=hybridep needs SM 8.x/9.x/10.x; hardware={hw.name} is SM {hw.sm_major}. "
+                "Use dispatcher=alltoall.")
     forced = _bridge(run, "model", "moe_token_dispatcher_type")
     if forced not in (None, "flex"):
-        return f"dispatcher=hybridep needs the flex dispatcher; +bridge.model.moe_token_dispatcher_type={forced} overrides it."
+        return (f"dispatcher=hybridep needs the flex dispatcher; +bridge.model.moe_token_dispatcher_type={forced} "
+                "overrides it.")
     if hw.mnnvl and lay.ep > hw.nvlink_domain_size:
-        return (f"dispatcher=hybridep on hardware={hw.name}: EP={lay.ep} exceeds the {hw.nvlink_domain_size}-GPU NVLink "
-                f"domain. Use parallelism.ep<={hw.nvlink_domain_size}.")
+        return (f"dispatcher=hybridep on hardware={hw.name}: EP={lay.ep} exceeds the {hw.nvlink_domain_size}-GPU "
+                f"NVLink domain. Use parallelism.ep<={hw.nvlink_domain_size}.")
     return None
 
 
@@ -88,8 +90,8 @@ def hybridep_topology(run: RunConfig, lay: Layout) -> str | None:
 def hybridep_crosses_nodes(run: RunConfig, lay: Layout) -> str | None:
     hw = run.hardware
     if run.dispatcher.backend == Backend.hybridep and not hw.mnnvl and lay.ep > hw.nvlink_domain_size:
-        return (f"dispatcher=hybridep on hardware={hw.name}: EP={lay.ep} spans {lay.ep // hw.nvlink_domain_size} NVLink "
-                f"domains of {hw.nvlink_domain_size}; tokens cross nodes over the network.")
+        return (f"dispatcher=hybridep on hardware={hw.name}: EP={lay.ep} spans {lay.ep // hw.nvlink_domain_size} "
+                f"NVLink domains of {hw.nvlink_domain_size}; tokens cross nodes over the network.")
     return None
 
 
@@ -120,7 +122,8 @@ def fsdp_needs_pp1(run: RunConfig, lay: Layout) -> str | None:
 def fsdp_checkpoint_format(run: RunConfig, lay: Layout) -> str | None:
     fmt = _bridge(run, "checkpoint", "ckpt_format")
     if run.parallelism.kind == ParKind.fsdp and fmt not in (None, "fsdp_dtensor"):
-        return f"parallelism=fsdp needs checkpoint.ckpt_format=fsdp_dtensor; +bridge.checkpoint.ckpt_format={fmt} given."
+        return (f"parallelism=fsdp needs checkpoint.ckpt_format=fsdp_dtensor; +bridge.checkpoint.ckpt_format={fmt} "
+                "given.")
     return None
 
 
@@ -193,7 +196,8 @@ def deepstack_on_first_stage(run: RunConfig, lay: Layout) -> str | None:
 def world_layout(run: RunConfig, lay: Layout) -> str | None:
     w = lay.world_size
     if w % (lay.tp * lay.pp * lay.cp):
-        return f"world size {w} is not divisible by TP*PP*CP={lay.tp * lay.pp * lay.cp} (parallelism.*, nodes, gpus_per_node)."
+        return (f"world size {w} is not divisible by TP*PP*CP={lay.tp * lay.pp * lay.cp} (parallelism.*, nodes, "
+                "gpus_per_node).")
     if w % (lay.etp * lay.ep * lay.pp):
         return f"world size {w} is not divisible by ETP*EP*PP={lay.etp * lay.ep * lay.pp} (parallelism.ep/etp/pp)."
     if lay.gpus_per_node > run.hardware.gpus_per_node:
@@ -231,8 +235,8 @@ def context_parallel_seq(run: RunConfig, lay: Layout) -> str | None:
 def etp_while_ep_fits(run: RunConfig, lay: Layout) -> str | None:
     wider = lay.ep * lay.etp
     if lay.etp > 1 and run.model.num_experts % wider == 0:
-        return (f"parallelism.etp={lay.etp}: EP alone fits ({run.model.num_experts} experts divide by {wider}). ETP adds "
-                f"communication and tuning surface; the seed uses it only when EP is not enough: try "
+        return (f"parallelism.etp={lay.etp}: EP alone fits ({run.model.num_experts} experts divide by {wider}). "
+                "ETP adds communication and tuning surface; the seed uses it only when EP is not enough: try "
                 f"parallelism.ep={wider} parallelism.etp=1.")
     return None
 
@@ -246,6 +250,23 @@ def graphs_with_full_recompute(run: RunConfig, lay: Layout) -> str | None:
         return ("cuda_graph with recompute=full: TE CUDA graphs assert with full recompute. Use recompute=selective "
                 "or cuda_graph=none.")
     return None
+
+
+@rule(Severity.error)
+def deepstack_full_recompute(run: RunConfig, lay: Layout) -> str | None:
+    if deepstack_blocks_full_recompute(run) and run.recompute.granularity == Granularity.full:
+        return (f"recompute=full with vision={run.choices.get('vision', 'trainable')}: model={run.model.name}'s ViT "
+                "inherits full recompute, and Bridge's Qwen3-VL vision block returns the deepstack features from "
+                "tensor_parallel.checkpoint outside autograd, so the trainable deepstack mergers get no gradient (3D: "
+                "Megatron DDP asserts in zero_grad_buffer, seen on 2 x H200; FSDP: they silently stay untrained). Use "
+                "recompute=selective, or vision=frozen_with_projector.")
+    return None
+
+
+def deepstack_blocks_full_recompute(run: RunConfig) -> bool:
+    """Trainable deepstack mergers (freeze_vision_projection covers them) would lose their gradient under full
+    recompute; the memory rules use this too, so they never suggest recompute=full here."""
+    return bool(run.model.vit.deepstack_indexes) and not run.vision.freeze_vision_projection
 
 
 @rule(Severity.error)
@@ -276,8 +297,8 @@ def qwen3_vl_no_attn_graph(run: RunConfig, lay: Layout) -> str | None:
 @rule(Severity.error)
 def qwen35_varlen_graphs(run: RunConfig, lay: Layout) -> str | None:
     if run.model.family == Family.qwen35_vl and run.cuda_graph.modules and run.data.packing:
-        return (f"model={run.model.name} with CUDA graphs and data.packing=true: variable-length (packed) inputs cannot "
-                "be graphed (Bridge's Qwen3.5-VL recipes disable graphs for them). Use cuda_graph=none.")
+        return (f"model={run.model.name} with CUDA graphs and data.packing=true: variable-length (packed) inputs "
+                "cannot be graphed (Bridge's Qwen3.5-VL recipes disable graphs for them). Use cuda_graph=none.")
     return None
 
 
@@ -345,6 +366,10 @@ def _memory_verdict(run: RunConfig, lay: Layout) -> tuple[memory.MemoryBreakdown
 
 def _memory_message(run: RunConfig, lay: Layout, b: memory.MemoryBreakdown, verdict: str) -> str:
     c = run.choices
+    fewer = "recompute=full"
+    if deepstack_blocks_full_recompute(run):
+        fewer = ("recompute=selective, recompute=full with vision=frozen_with_projector (full recompute alone leaves "
+                 "the trainable deepstack mergers without gradient)")
     top = sorted(b.items().items(), key=lambda kv: -kv[1])[:3]
     state = b.params + b.grads + b.optimizer
     shard = (f" Model state alone (params+grads+optimizer) is {state:.0f} GiB: shard the model further "
@@ -355,7 +380,7 @@ def _memory_message(run: RunConfig, lay: Layout, b: memory.MemoryBreakdown, verd
             + f") vs hardware={run.hardware.name} memory_gib={run.hardware.memory_gib:.0f}, with "
             f"parallelism={c.get('parallelism', run.parallelism.kind)} (EP {lay.ep}, DP {lay.dp}), "
             f"recompute={c.get('recompute', run.recompute.granularity)}, "
-            f"train.micro_batch_size={run.train.micro_batch_size}, seq {b.seq_len}. Try recompute=full, a larger "
+            f"train.micro_batch_size={run.train.micro_batch_size}, seq {b.seq_len}. Try {fewer}, a larger "
             "parallelism.ep (more nodes once EP spans all GPUs) or a smaller train.micro_batch_size." + shard)
 
 

@@ -101,7 +101,7 @@ TABLE: list[tuple[list[str], dict[str, object]]] = [
         {"model.recompute_granularity": "selective", "model.recompute_modules": ["core_attn", "moe_act", "layernorm"]},
     ),
     (
-        ["recompute=full"],
+        ["recompute=full", "vision=frozen_with_projector"],  # preflight: full recompute needs the projector frozen
         {"model.recompute_granularity": "full", "model.recompute_method": "uniform", "model.recompute_num_layers": 1},
     ),
     (
@@ -232,6 +232,7 @@ TABLE: list[tuple[list[str], dict[str, object]]] = [
             "model.expert_model_parallel_size": 64,
             "ddp.use_megatron_fsdp": True,
             "model.recompute_granularity": "full",
+            "model.freeze_vision_projection": True,
             "model.moe_flex_dispatcher_backend": "hybridep",
             "data_parallel_size": 64,
             "env_vars.NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN": "64",

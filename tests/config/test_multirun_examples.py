@@ -16,9 +16,15 @@ EXAMPLES = ROOT / "multirun_examples"
 
 # example -> (number of jobs in the expansion, {skipped job's overrides: preflight rule that rejects it})
 EXPECTED: dict[str, tuple[int, dict[str, str]]] = {
-    "mbs": (4, {"train.micro_batch_size=8": "memory_fits"}),  # MBS 8 does not fit one H200 node
+    "mbs": (4, {}),  # frozen ViT + projector with full recompute: even MBS 8 fits one H200 node
     "fsdp_vs_3d": (2, {}),
-    "recompute_graphs": (6, {"recompute=full cuda_graph=moe_router_preprocess": "graphs_with_full_recompute"}),
+    "recompute_graphs": (
+        6,
+        {
+            "recompute=full cuda_graph=none": "deepstack_full_recompute",
+            "recompute=full cuda_graph=moe_router_preprocess": "graphs_with_full_recompute,deepstack_full_recompute",
+        },
+    ),
     "vision": (3, {}),
     "mock_vs_real": (2, {}),
     "dispatcher": (3, {}),

@@ -36,8 +36,9 @@ def test_case_trains(case, tmp_path):
     checks = json.loads((tmp_path / "checks.json").read_text())
     params = checks["params"]
     assert checks["frozen_unchanged"]
-    if "_frozen_" in case.name:
+    if "_frozen" in case.name:
         assert params["vision"]["trainable"] == 0 and params["vision"]["frozen"] > 0
+        assert ("frozen-projector" in case.name) == (params["projector"]["trainable"] == 0)
     else:
         assert params["vision"]["trainable"] > 0 and params["vision"]["frozen"] == 0
     if "recompute-selective" in case.name:

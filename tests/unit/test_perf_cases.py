@@ -53,15 +53,33 @@ def test_every_case_passes_preflight(case: run_cases.Case) -> None:
 
 def test_mbs_sweep_changes_only_grad_accum() -> None:
     runs = [composed(c) for c, _ in perf.expand(["mbs"])]
-    assert [r.train.micro_batch_size for r in runs] == [1, 2, 4, 8]
+    assert [(r.parallelism.kind, r.train.micro_batch_size) for r in runs] == [("fsdp", 1), ("fsdp", 2), ("3d", 1),
+                                                                                 ("3d", 2)]
     assert {r.train.global_batch_size for r in runs} == {perf.GBS}
-    assert [r.train.global_batch_size // (r.train.micro_batch_size * world.layout(r).dp) for r in runs] == [8, 4, 2, 1]
+    assert [r.train.global_batch_size // (r.train.micro_batch_size * world.layout(r).dp) for r in runs] == [8, 4] * 2
+    assert {r.recompute.granularity for r in runs} == {"none"} and not any(r.vision.freeze_vision_model for r in runs)
+
+
+def test_best_case_ships_as_the_preset() -> None:
+    """conf/experiment/perf_h200x2_best.yaml composes to exactly the fastest measured case (bar the preset choice)."""
+    from omegaconf import OmegaConf
+
+    case = run_cases.Case(perf.BEST.name(), perf.GPUS, perf.BEST.overrides())
+    preset = compose(["experiment=perf_h200x2_best", f"train.iterations={perf.ITERATIONS}", "dry_run=true",
+                      "wandb.enabled=false"])
+    assert preset.choices.pop("experiment") == "perf_h200x2_best"
+    assert OmegaConf.structured(preset) == OmegaConf.structured(composed(case))
+    rows = {json.loads(line)["name"]: json.loads(line) for line in perf.RESULTS.read_text().splitlines()}
+    full = {n: r["metrics"]["useful_tokens_per_s_per_gpu"] for n, r in rows.items()
+            if n.startswith("30b-l8_") and "_trainable_" in n and "_realistic" in n
+            and "useful_tokens_per_s_per_gpu" in r["metrics"]}
+    assert max(full, key=full.get) == perf.BEST.name()
 
 
 def test_parallelism_cases_do_equal_useful_work() -> None:
     runs = [composed(c) for c, _ in perf.expand(["parallelism"])]
-    assert [(world.layout(r).tp, world.layout(r).ep) for r in runs] == [(1, 2), (1, 2), (2, 2)]
-    assert [r.parallelism.kind for r in runs] == ["fsdp", "3d", "3d"]
+    assert [(world.layout(r).tp, world.layout(r).ep) for r in runs] == [(1, 2), (1, 2), (2, 2), (1, 1)]
+    assert [r.parallelism.kind for r in runs] == ["fsdp", "3d", "3d", "fsdp"]
     same = {(r.data.kind, r.data.payload.seed, r.train.global_batch_size, r.train.seq_length, r.train.iterations,
              r.train.micro_batch_size, r.vision.freeze_vision_model) for r in runs}
     assert len(same) == 1
@@ -125,7 +143,7 @@ def test_real_vs_mock_row_and_skip_done(tmp_path: Path, capsys: pytest.CaptureFi
     capsys.readouterr()
     assert perf.main(["--sweep", "mock", "frozen", "--skip-done", "--list", "--results", str(path)]) == 0
     out = capsys.readouterr().out
-    assert "1 case(s)" in out and "frozen" in out and mock.name not in out
+    assert "3 case(s)" in out and "frozen" in out and mock.name not in out  # the frozen sweep has 4, 1 done
 
 
 def test_overhead_picks_perf_cases_and_launches_like_vlmtrain() -> None:
@@ -135,3 +153,17 @@ def test_overhead_picks_perf_cases_and_launches_like_vlmtrain() -> None:
     cmd = overhead.direct_command(Path("r/run_config.yaml"), 2, "29500")
     assert cmd[1:6] == ["-m", "torch.distributed.run", "--nproc-per-node=2", "--nnodes=1", "--master-port"]
     assert cmd[-2:] == [str(ROOT / "benchmarks" / "direct_pretrain.py"), "r/run_config.yaml"]
+
+
+def test_report_states_every_claim_from_the_results_file(tmp_path: Path) -> None:
+    """Each claim is a ratio of two measured rows, or says which row is missing; failed runs are listed."""
+    md = perf.report(perf.RESULTS)
+    for what, _, _ in perf.CLAIMS:
+        line = next(x for x in md.splitlines() if x.startswith(f"| {what} |"))
+        assert "not measured" not in line, line  # every claim was measured on 2 x H200 (results/perf_h200x2.jsonl)
+    assert "- failed: 30b-l8_3d-ep2_mbs4_trainable_rc-full" in md and "overhead_ratio" in md
+    rows = [json.loads(x) for x in perf.RESULTS.read_text().splitlines() if perf.B.name() not in x.split('"')[3]]
+    path = tmp_path / "perf.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    line = next(x for x in perf.report(path).splitlines() if x.startswith("| 3D vs FSDP, EP2 MBS 1 |"))
+    assert f"not measured: {perf.B.name()}" in line

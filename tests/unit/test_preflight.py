@@ -49,6 +49,7 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
         ["cuda_graph=moe_router_preprocess", "recompute=full"],
         ["cuda_graph=moe_router_preprocess", "recompute=selective"],
     ),
+    "deepstack_full_recompute": (["recompute=full"], ["recompute=full", "vision=frozen_with_projector"]),
     "moe_preprocess_needs_router": (
         ["cuda_graph.modules=[moe_preprocess]"],
         ["cuda_graph.modules=[moe_router,moe_preprocess]"],
