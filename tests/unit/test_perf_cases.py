@@ -69,7 +69,7 @@ def test_best_case_ships_as_the_preset() -> None:
                       "wandb.enabled=false"])
     assert preset.choices.pop("experiment") == "perf_h200x2_best"
     assert OmegaConf.structured(preset) == OmegaConf.structured(composed(case))
-    rows = {json.loads(line)["name"]: json.loads(line) for line in perf.RESULTS.read_text().splitlines()}
+    rows = perf.latest_rows(perf.RESULTS)
     full = {n: r["metrics"]["useful_tokens_per_s_per_gpu"] for n, r in rows.items()
             if n.startswith("30b-l8_") and "_trainable_" in n and "_realistic" in n
             and "useful_tokens_per_s_per_gpu" in r["metrics"]}
@@ -162,7 +162,7 @@ def test_report_states_every_claim_from_the_results_file(tmp_path: Path) -> None
         line = next(x for x in md.splitlines() if x.startswith(f"| {what} |"))
         assert "not measured" not in line, line  # every claim was measured on 2 x H200 (results/perf_h200x2.jsonl)
     assert "- failed: 30b-l8_3d-ep2_mbs4_trainable_rc-full" in md and "overhead_ratio" in md
-    rows = [json.loads(x) for x in perf.RESULTS.read_text().splitlines() if perf.B.name() not in x.split('"')[3]]
+    rows = [r for r in perf.latest_rows(perf.RESULTS).values() if r["name"] != perf.B.name()]
     path = tmp_path / "perf.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     line = next(x for x in perf.report(path).splitlines() if x.startswith("| 3D vs FSDP, EP2 MBS 1 |"))
