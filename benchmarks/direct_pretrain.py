@@ -1,6 +1,7 @@
 """One torchrun rank of the "Bridge alone" side of benchmarks/overhead.py: Bridge's pretrain() on the ConfigContainer
-vlmtrain builds from a saved run_config.yaml, with Bridge's own Qwen3-VL forward step and NO vlmtrain callbacks
-or counters, so the step-time difference to `python train.py` is vlmtrain's overhead.
+vlmtrain builds from a saved run_config.yaml, with the Bridge forward step vlmtrain picks for the data
+(vlmtrain.groups.data.forward_step) and NO vlmtrain callbacks or counters, so the step-time difference to
+`python train.py` is vlmtrain's overhead.
 
     python -m torch.distributed.run --nproc-per-node=2 --nnodes=1 --master-port 29500 \\
         benchmarks/direct_pretrain.py <run dir>/run_config.yaml
@@ -48,10 +49,11 @@ def main(argv: list[str]) -> int:
         target.finalize(run, cfg)  # Bridge's runtime_config_update for the declared target, as the plan does
         print(f"[direct] {argv[0]}: ConfigContainer built and validated by Bridge", flush=True)
         return 0
-    from megatron.bridge.models.qwen_vl.qwen3_vl_step import forward_step
     from megatron.bridge.training.pretrain import pretrain
 
-    pretrain(cfg, forward_step)
+    from vlmtrain.groups import data
+
+    pretrain(cfg, data.forward_step(run))
     return 0
 
 

@@ -5,11 +5,12 @@
 
 Alternating pairs of (a) `python train.py <case>` and (b) torchrun of benchmarks/direct_pretrain.py: Bridge's
 pretrain() on the IDENTICAL ConfigContainer (built by vlmtrain.build from (a)'s saved run_config.yaml), with
-Bridge's qwen3_vl_step forward step and no vlmtrain callbacks. Both step times come from Bridge's own log line
-("elapsed time per iteration (ms)", log_interval=1), so the ratio is like for like; (a)'s metrics.jsonl step_s
-gives a second ratio. Post-warm-up steps (iteration > skip) of all pairs are pooled; medians. One row
-`overhead_<case>` goes to results/perf_h200x2.jsonl, and pair 0's (a) run is recorded there as the case's own row
-(it is exactly `perf_h200x2.py`'s run of that case), so the overhead pair costs one extra run, not two.
+Bridge's forward step for the data (vlmtrain.groups.data.forward_step) and no vlmtrain callbacks. Both step times
+come from Bridge's own log line ("elapsed time per iteration (ms)", log_interval=1), so the ratio is like for
+like; (a)'s metrics.jsonl step_s gives a second ratio. Post-warm-up steps (iteration > skip) of all pairs are
+pooled; medians. One row `overhead_<case>` goes to results/perf_h200x2.jsonl, and pair 0's (a) run is recorded
+there as the case's own row (it is exactly `perf_h200x2.py`'s run of that case), so the overhead pair costs one
+extra run, not two.
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from vlmtrain import results  # noqa: E402
+from vlmtrain.report import job  # noqa: E402
 from vlmtrain.run import local_gpus  # noqa: E402
 
 TINY = ["model=tiny", "train.iterations=12", "train.global_batch_size=8"]
@@ -140,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def record(case: Case, rc: int, run_dir: Path, wall: float, results_path: Path, **extra: Any) -> dict[str, Any] | None:
     """Summarize one finished case and append its row (None, and the log's tail printed, when it failed)."""
-    summary = results.summarize(run_dir)
+    summary = results.summarize(run_dir, keys=job.MEDIAN_KEYS)  # headline, per-component seconds and FLOPs
     checks_file = run_dir / "checks.json"
     checks = json.loads(checks_file.read_text()) if checks_file.exists() else {}
     cmd = "python train.py " + " ".join(overrides(case))

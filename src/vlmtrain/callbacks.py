@@ -34,26 +34,34 @@ class StepCounters:
         self.samples = []
 
     def padded_length(self, raw_len: int) -> int:
-        """Sequence length the model actually runs: Bridge pads to seq_length with PP>1, EP>1 or graphs."""
-        from vlmtrain import world
-        from vlmtrain.groups import data
+        """Sequence length the model actually runs for a collated [B, raw_len] batch (vlmtrain.memory.pads)."""
+        from vlmtrain import memory
 
-        lay = world.layout(self.run)
-        if lay.pp > 1 or lay.ep > 1 or data.pads_to_max_length(self.run):
-            return self.run.train.seq_length
-        return raw_len
+        return self.run.train.seq_length if memory.pads(self.run) else raw_len
+
+    def rows(self, batch: dict[str, Any]) -> tuple[list[Any], int]:
+        """(each sample's real token ids, tokens the model runs): a packed (THD) batch is one row whose samples
+        start at cu_seqlens_q_padded (cu_seqlens_q when nothing was aligned) and are cu_seqlens_q apart."""
+        ids = batch["input_ids"]
+        cu = batch.get("cu_seqlens_q")
+        if cu is not None:
+            starts = batch.get("cu_seqlens_q_padded", cu)[:-1].tolist()
+            lengths = (cu[1:] - cu[:-1]).tolist()
+            return [ids[0, s : s + n] for s, n in zip(starts, lengths, strict=True)], ids.shape[1]
+        mask = batch.get("attention_mask")
+        lengths = (mask.sum(dim=1) if mask is not None else (ids != 0).sum(dim=1)).tolist()
+        return [row[:n] for row, n in zip(ids, lengths, strict=True)], ids.shape[0] * self.padded_length(ids.shape[1])
 
     def count(self, batch: dict[str, Any]) -> None:
-        ids = batch["input_ids"]
-        mask = batch.get("attention_mask")
-        nonpad_rows = (mask.sum(dim=1) if mask is not None else (ids != 0).sum(dim=1)).tolist()
+        rows, model_tokens = self.rows(batch)
+        nonpad_rows = [len(r) for r in rows]
         vis = batch.get("visual_inputs")
         grid = getattr(vis, "image_grid_thw", None)
         patches = grid.prod(dim=-1).tolist() if grid is not None else []
-        image_tokens_rows = (ids == self.image_token_id).sum(dim=1).tolist()
+        image_tokens_rows = [int((r == self.image_token_id).sum()) for r in rows]
         t = self.totals
-        t["samples"] += ids.shape[0]
-        t["padded_tokens"] += ids.shape[0] * self.padded_length(ids.shape[1])
+        t["samples"] += len(rows)
+        t["padded_tokens"] += model_tokens
         t["nonpad_tokens"] += sum(nonpad_rows)
         t["image_tokens"] += sum(image_tokens_rows)
         t["text_tokens"] += sum(nonpad_rows) - sum(image_tokens_rows)

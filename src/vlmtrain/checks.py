@@ -90,32 +90,24 @@ def after_model_build(run: RunConfig, context: Any) -> dict[str, Any]:
     return report
 
 
-def _frozen_params(chunk: Any) -> list[tuple[str, Any]]:
-    """(name, tensor) of every frozen parameter, read where its value lives. Megatron-FSDP swaps the module's
-    parameters between its sharded DTensors and the unsharded buffers, and frozen ones are not swapped back after
-    backward (2 x H200, FSDP EP2, vision=frozen: per-rank shard sums before training, the whole tower's sum on every
-    rank after), so under FSDP the buffer's own sharded copies are read: the same shard at both ends of training."""
-    sharded: dict[str, Any] = {}
-    m = chunk
-    while m is not None and not sharded:
-        buf = getattr(m, "param_and_grad_buffer", None)
-        sharded = dict(getattr(buf, "optimizer_named_parameters", None) or {})
-        m = getattr(m, "module", None)
-    return [(n, sharded.get(n, p)) for n, p in _unwrap(chunk).named_parameters() if not p.requires_grad]
-
-
 def frozen_checksums(model_chunks: list[Any]) -> dict[str, float]:
-    """Checksum of this rank's shard of every frozen tower (sum and abs-sum of its parameters)."""
-    import torch
+    """Checksum (sum + abs-sum) of every frozen tower's whole parameters. A sharded (DTensor) parameter is gathered
+    first: Megatron-FSDP swaps module parameters between its sharded DTensors and unsharded buffers and leaves
+    frozen ones unsharded after backward (2 x H200, FSDP EP2, vision=frozen: per-rank shard sums before training,
+    the whole tower's sum on every rank after), so only whole tensors compare across training. Collective when
+    sharded: every rank calls this at the same point."""
+    from megatron.core.distributed.fsdp.src.megatron_fsdp.uneven_dtensor import uneven_dtensor_to_full_tensor
+    from torch.distributed.tensor import DTensor
 
     sums: dict[str, float] = {}
     for chunk in model_chunks:
-        for name, p in _frozen_params(chunk):
-            t = p.to_local() if hasattr(p, "to_local") else p
-            t = t.detach().float()
+        for name, p in _unwrap(chunk).named_parameters():
+            if p.requires_grad:
+                continue
+            # Megatron-FSDP shards unevenly; its own gather is what Bridge's HF export uses on these DTensors
+            t = (uneven_dtensor_to_full_tensor(p) if isinstance(p, DTensor) else p).detach().float()
             tower = name.split(".", 1)[0]
-            sums[tower] = sums.get(tower, 0.0) + float(t.sum() + t.abs().sum()) if t.numel() else sums.get(tower, 0.0)
-    torch.cuda.synchronize()
+            sums[tower] = sums.get(tower, 0.0) + (float(t.sum() + t.abs().sum()) if t.numel() else 0.0)
     return sums
 
 

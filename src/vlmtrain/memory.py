@@ -236,7 +236,10 @@ class Workload:
 
 def pads(run: RunConfig) -> bool:
     """Bridge pads every sample to seq_length with PP>1 or EP>1 (validate()), with CUDA graphs (static shapes) or
-    data.pad_to_max_length (vlmtrain.groups.data.pads_to_max_length; callbacks.StepCounters.padded_length)."""
+    data.pad_to_max_length (vlmtrain.groups.data.pads_to_max_length), unless data.packing: the packing collate
+    keeps real tokens only. callbacks.StepCounters counts padded tokens by this rule."""
+    if run.data.packing:
+        return False
     lay = world.layout(run)
     return lay.pp > 1 or lay.ep > 1 or run.data.pad_to_max_length or bool(run.cuda_graph.modules)
 

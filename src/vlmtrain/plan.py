@@ -28,7 +28,8 @@ def field_value(cfg: Any, path: str) -> Any:
     if path == "model":
         return type(obj).__name__
     if path == "dataset":
-        return f"{type(obj).__name__}(pad_to_max_length={getattr(obj, 'pad_to_max_length', None)})"
+        return (f"{type(obj).__name__}(pad_to_max_length={getattr(obj, 'pad_to_max_length', None)}, "
+                f"enable_in_batch_packing={getattr(obj, 'enable_in_batch_packing', None)})")
     if isinstance(obj, list):
         return [getattr(x, "name", x) for x in obj]
     return obj

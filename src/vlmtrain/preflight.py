@@ -295,10 +295,21 @@ def qwen3_vl_no_attn_graph(run: RunConfig, lay: Layout) -> str | None:
 
 
 @rule(Severity.error)
-def qwen35_varlen_graphs(run: RunConfig, lay: Layout) -> str | None:
-    if run.model.family == Family.qwen35_vl and run.cuda_graph.modules and run.data.packing:
-        return (f"model={run.model.name} with CUDA graphs and data.packing=true: variable-length (packed) inputs "
-                "cannot be graphed (Bridge's Qwen3.5-VL recipes disable graphs for them). Use cuda_graph=none.")
+def packing_with_graphs(run: RunConfig, lay: Layout) -> str | None:
+    if run.cuda_graph.modules and run.data.packing:
+        return (f"cuda_graph={run.choices.get('cuda_graph', 'custom')} with data.packing=true: a packed micro-batch is "
+                "as long as its samples, and CUDA graphs replay one static shape (Bridge's Qwen3.5-VL recipes "
+                "disable graphs for packing too). Use cuda_graph=none, or data.packing=false (graphs then pad every "
+                "sample to train.seq_length).")
+    return None
+
+
+@rule(Severity.error)
+def packing_needs_two_samples(run: RunConfig, lay: Layout) -> str | None:
+    if run.data.packing and run.train.micro_batch_size < 2:
+        return ("data.packing=true with train.micro_batch_size=1: in-batch packing joins the samples of one "
+                "micro-batch, and Bridge refuses it for a single sample. Raise train.micro_batch_size (same "
+                "train.global_batch_size: fewer accumulation steps).")
     return None
 
 
@@ -372,16 +383,20 @@ def _memory_message(run: RunConfig, lay: Layout, b: memory.MemoryBreakdown, verd
                  "the trainable deepstack mergers without gradient)")
     top = sorted(b.items().items(), key=lambda kv: -kv[1])[:3]
     state = b.params + b.grads + b.optimizer
-    shard = (f" Model state alone (params+grads+optimizer) is {state:.0f} GiB: shard the model further "
+    hints = (f" Model state alone (params+grads+optimizer) is {state:.0f} GiB: shard the model further "
              "(parallelism.ep/pp, parallelism=fsdp) before touching activations." if state > run.hardware.memory_gib
              else "")
+    if run.data.packing:
+        hints += (" With data.packing this bounds every sample by train.seq_length tokens; a packed micro-batch "
+                  "holds only its samples' real tokens, so shorter data peaks lower: a short run measures it "
+                  "(peak_mem_gib), and preflight.ignore=[memory_fits] accepts that measurement over this bound.")
     return (f"model={run.model.name} {verdict}: estimated {b.total:.0f} GiB per GPU (PP stage {b.stage}; largest: "
             + ", ".join(f"{k} {v:.0f}" for k, v in top)
             + f") vs hardware={run.hardware.name} memory_gib={run.hardware.memory_gib:.0f}, with "
             f"parallelism={c.get('parallelism', run.parallelism.kind)} (EP {lay.ep}, DP {lay.dp}), "
             f"recompute={c.get('recompute', run.recompute.granularity)}, "
             f"train.micro_batch_size={run.train.micro_batch_size}, seq {b.seq_len}. Try {fewer}, a larger "
-            "parallelism.ep (more nodes once EP spans all GPUs) or a smaller train.micro_batch_size." + shard)
+            "parallelism.ep (more nodes once EP spans all GPUs) or a smaller train.micro_batch_size." + hints)
 
 
 @rule(Severity.error)

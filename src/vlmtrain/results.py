@@ -53,9 +53,9 @@ def summarize_rows(rows: list[dict[str, Any]], skip: int = SKIP,
     return out
 
 
-def summarize(run_dir: Path, skip: int = SKIP) -> dict[str, Any]:
-    """Headline metrics of one run from its metrics.jsonl."""
-    return summarize_rows(read_jsonl(Path(run_dir) / "metrics.jsonl"), skip)
+def summarize(run_dir: Path, skip: int = SKIP, keys: tuple[str, ...] = HEADLINE_KEYS) -> dict[str, Any]:
+    """Headline metrics (medians of `keys`) of one run from its metrics.jsonl."""
+    return summarize_rows(read_jsonl(Path(run_dir) / "metrics.jsonl"), skip, keys)
 
 
 def machine() -> str:

@@ -18,13 +18,13 @@ def use_prebuilt_dataset_helpers() -> None:
 
 
 def train(run: RunConfig) -> None:
-    from megatron.bridge.models.qwen_vl.qwen3_vl_step import forward_step
     from megatron.bridge.training.pretrain import pretrain
 
     from vlmtrain import build, callbacks, checks
+    from vlmtrain.groups import data
 
     cfg = build.build(run)
     checks.before_launch(run, cfg)
     use_prebuilt_dataset_helpers()
     counters = callbacks.StepCounters(run)
-    pretrain(cfg, counters.wrap(forward_step), callbacks=callbacks.for_run(run, counters))
+    pretrain(cfg, counters.wrap(data.forward_step(run)), callbacks=callbacks.for_run(run, counters))

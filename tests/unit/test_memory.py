@@ -144,6 +144,7 @@ def test_phases_add_up(compose):
     (["parallelism=3d", "parallelism.pp=2", "parallelism.ep=1", "gpus_per_node=2"], True),
     (["gpus_per_node=1", "cuda_graph=moe_router_preprocess", "parallelism=3d"], True),
     (["gpus_per_node=1", "data.pad_to_max_length=true"], True),
+    (["gpus_per_node=2", "data.packing=true", "train.micro_batch_size=2"], False),  # EP2, but packed: real tokens
 ])
 def test_padding_rule_matches_the_step_counters(compose, overrides, pads):
     from vlmtrain.callbacks import StepCounters

@@ -99,6 +99,8 @@ def test_row_from_real_run_files(tmp_path: Path) -> None:
     row = run_cases.record(case, 0, FSDP_EP2, 120.0, path, config=run_cases.overrides(case))
     assert row is not None and json.loads(path.read_text()) == row
     assert {"useful_tokens_per_s_per_gpu", "mfu", "step_s", "peak_mem_gib"} <= set(row["metrics"])
+    # the component split rides along, so the report can say where a case's step goes
+    assert 0 < row["metrics"]["time_vision_s"] + row["metrics"]["time_decoder_s"] < row["metrics"]["step_s"]
     assert row["config"] == run_cases.overrides(case) and "dry_run=false" in row["config"]
     assert row["command"] == "python train.py " + " ".join(row["config"])
     assert run_cases.record(case, 1, FSDP_EP2, 1.0, path) is None and len(path.read_text().splitlines()) == 1
@@ -143,7 +145,18 @@ def test_real_vs_mock_row_and_skip_done(tmp_path: Path, capsys: pytest.CaptureFi
     capsys.readouterr()
     assert perf.main(["--sweep", "mock", "frozen", "--skip-done", "--list", "--results", str(path)]) == 0
     out = capsys.readouterr().out
-    assert "3 case(s)" in out and "frozen" in out and mock.name not in out  # the frozen sweep has 4, 1 done
+    assert "5 case(s)" in out and "frozen" in out and mock.name not in out  # the frozen sweep has 6, 1 done
+
+    # A failed row or a superseded one does not count as done: the case runs again.
+    from vlmtrain import results
+
+    frozen = perf.expand(["frozen"], ["frozen"])[0][0]
+    results.append(path, mock.name, "python train.py ...", {}, rc=1)
+    results.append(path, frozen.name, "python train.py ...", {"step_s": 1.0}, superseded="measured something else")
+    assert set(perf.latest_rows(path)) == {real.name, mock.name, row["name"]}
+    assert perf.main(["--sweep", "mock", "frozen", "--skip-done", "--list", "--results", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "6 case(s)" in out and mock.name in out and frozen.name in out
 
 
 def test_overhead_picks_perf_cases_and_launches_like_vlmtrain() -> None:

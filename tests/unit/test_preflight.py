@@ -59,9 +59,13 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
         ["recompute=selective", "recompute.modules=[core_attn]", "cuda_graph=moe_router_preprocess"],
     ),
     "qwen3_vl_no_attn_graph": (["cuda_graph=attn_moe_router_preprocess"], ["cuda_graph=moe_router_preprocess"]),
-    "qwen35_varlen_graphs": (
-        ["model=qwen35_vl_35b_a3b", "cuda_graph=moe_router_preprocess", "data.packing=true"],
-        ["model=qwen35_vl_35b_a3b", "cuda_graph=moe_router_preprocess"],
+    "packing_with_graphs": (
+        ["cuda_graph=moe_router_preprocess", "data.packing=true", "train.micro_batch_size=2"],
+        ["cuda_graph=none", "data.packing=true", "train.micro_batch_size=2"],
+    ),
+    "packing_needs_two_samples": (
+        ["data.packing=true", "train.micro_batch_size=1"],
+        ["data.packing=true", "train.micro_batch_size=2"],
     ),
     "a2a_overlap_with_qwen_vl": (["+bridge.comm_overlap.overlap_moe_expert_parallel_comm=true"], []),
     "seq_fits_images": (["data=realistic", "train.seq_length=2048"], ["data=realistic", "train.seq_length=4096"]),

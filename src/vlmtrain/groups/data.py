@@ -11,14 +11,18 @@
 | mock      | Bridge's noise images, labelled "mock" everywhere       | MockVLMSFTDatasetConfig                |
 
 Padding: samples pad to `seq_length` when CUDA graphs need static shapes or `pad_to_max_length` is set
-(Bridge also forces it when PP>1 or EP>1).
+(Bridge also forces it when PP>1 or EP>1). `packing=true` replaces all of that: the collate turns each micro-batch
+into one THD row of its samples' real tokens (Bridge's `pack_right_padded_sequence_batch_to_mcore_thd`), which
+Bridge's generic `vlm_step` hands to Qwen3VLModel as PackedSeqParams (per-sample MRoPE and attention boundaries).
+Bridge's Qwen3-VL-specific `qwen3_vl_step` would instead defer packing to the step and keep every sample padded
+(its `cu_seqlens` are multiples of the padded length), so it is used only without packing.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -78,7 +82,8 @@ class DataConfig:
     mock_image_size: list[int] = field(default_factory=lambda: [256, 256])
     pad_to_max_length: bool = False
     packing: bool = False
-    """In-batch sequence packing (THD), done by qwen3_vl_step (it refuses collate-time packing)."""
+    """Collate-time in-batch THD packing: each micro-batch runs as one row of its samples' real tokens, with no
+    padding to seq_length (trained through Bridge's vlm_step; see forward_step())."""
     num_workers: int = 2
     cache_dir: str = "~/.cache/vlmtrain"
     """Where the processor and generated datasets are written (idempotent, keyed by content)."""
@@ -171,6 +176,18 @@ def _hf_source(run: RunConfig, prepared: Path | None) -> Any:
     return HFDatasetSourceConfig(path_or_dataset=d.path, split=d.split, schema_adapter=d.schema_adapter)
 
 
+def forward_step(run: RunConfig) -> Callable[..., Any]:
+    """Bridge's forward step for this data: vlm_step takes collate-time packed (THD) batches, qwen3_vl_step the
+    padded ones (it refuses packed batches)."""
+    if run.data.packing:
+        from megatron.bridge.training.vlm_step import forward_step as packed_step
+
+        return packed_step
+    from megatron.bridge.models.qwen_vl.qwen3_vl_step import forward_step as padded_step
+
+    return padded_step
+
+
 def pads_to_max_length(run: RunConfig) -> bool:
     from vlmtrain.groups import cuda_graph
 
@@ -185,7 +202,7 @@ def apply(run: RunConfig, cfg: ConfigContainer) -> None:
         num_workers=d.num_workers,
         pad_to_max_length=pads_to_max_length(run),
         enable_in_batch_packing=d.packing,
-        defer_in_batch_packing_to_step=d.packing,
+        defer_in_batch_packing_to_step=False,  # the collate packs; qwen3_vl_step's deferred packing keeps padding
     )
     if d.kind == Kind.mock:
         from megatron.bridge.data.builders.mock_vlm_sft import MockVLMSFTDatasetConfig
