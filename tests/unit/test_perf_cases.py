@@ -178,6 +178,10 @@ def test_report_states_every_claim_from_the_results_file(tmp_path: Path) -> None
         line = next(x for x in md.splitlines() if x.startswith(f"| {what} |"))
         assert "not measured" not in line, line  # every claim was measured on 2 x H200 (results/perf_h200x2.jsonl)
     assert "- failed: 30b-l8_3d-ep2_mbs4_trainable_rc-full" in md and "overhead_ratio" in md
+    # frozen-vision rows stand in their own table, never ranked among full-training rows
+    full, frozen = md.split("## Frozen vision")[0], md.split("## Frozen vision")[1].split("## The seed")[0]
+    assert "_frozen_" not in full and "_trainable_" not in frozen
+    assert frozen.count("_frozen_") == sum("_frozen_" in n for n in perf.latest_rows(perf.RESULTS)) > 0
     rows = [r for r in perf.latest_rows(perf.RESULTS).values() if r["name"] != perf.B.name()]
     path = tmp_path / "perf.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
