@@ -555,12 +555,15 @@ def render(run: RunConfig, b: MemoryBreakdown | None = None) -> list[str]:
     """The dry-run plan's memory section: the breakdown, then total vs the hardware budget and the headroom."""
     b = b or estimate(run)
     budget = run.hardware.memory_gib
-    seq = f"seq {b.seq_len} ({'padded' if b.padded else 'worst case; unpadded data runs shorter'})"
+    shorter = "packed micro-batches hold only real tokens" if run.data.packing else "unpadded data runs shorter"
+    seq = f"seq {b.seq_len} ({'padded' if b.padded else f'worst case; {shorter}'})"
     head = (f"memory:   per-GPU peak estimate, PP stage {b.stage}, MBS {run.train.micro_batch_size} x {seq}, "
             f"{b.image_tokens} image tokens/sample")
     items = "  ".join(f"{k} {v:.2f}" for k, v in b.items().items() if v)
     pct = 100 * b.total / budget if budget else float("inf")
     verdict = "DOES NOT FIT" if b.total > budget else ("tight" if pct > 90 else "fits")
+    if not b.padded and b.total > budget:
+        verdict += " at this worst case"
     return [head, f"  GiB: {items}",
             f"  total {b.total:.1f} GiB of {budget:.0f} GiB on {run.hardware.name} ({pct:.0f} %), "
             f"headroom {budget - b.total:.1f} GiB: {verdict}"]

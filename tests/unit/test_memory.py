@@ -198,6 +198,8 @@ def test_plan_shows_the_memory_section(compose):
     text = plan.render(compose("model=qwen3_vl_235b_a22b", "hardware=h100"), None, [], "n/a")
     assert "memory:" in text and "headroom" in text and "DOES NOT FIT" in text
     assert "fits" in plan.render(compose(), None, [], "n/a").split("memory:")[1]
+    packed = plan.render(compose("experiment=perf_h200x2_best"), None, [], "n/a").split("memory:")[1]
+    assert "packed micro-batches hold only real tokens" in packed and "DOES NOT FIT at this worst case" in packed
 
 
 # --- validation against the measured peaks ---------------------------------------------------------------------
