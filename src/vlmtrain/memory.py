@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from vlmtrain import world
 from vlmtrain.groups.data import Kind as DataKind
+from vlmtrain.groups.data import pads_to_max_length
 from vlmtrain.groups.dispatcher import Backend
 from vlmtrain.groups.model import Family, LinearAttentionConfig
 from vlmtrain.groups.parallelism import Kind as ParKind
@@ -235,13 +236,13 @@ class Workload:
 
 
 def pads(run: RunConfig) -> bool:
-    """Bridge pads every sample to seq_length with PP>1 or EP>1 (validate()), with CUDA graphs (static shapes) or
-    data.pad_to_max_length (vlmtrain.groups.data.pads_to_max_length), unless data.packing: the packing collate
-    keeps real tokens only. callbacks.StepCounters counts padded tokens by this rule."""
+    """Bridge pads every sample to seq_length with PP>1 or EP>1 (validate()) and where vlmtrain asks it to (CUDA
+    graphs' static shapes or data.pad_to_max_length: vlmtrain.groups.data.pads_to_max_length), unless data.packing:
+    the packing collate keeps real tokens only. callbacks.StepCounters counts padded tokens by this rule."""
     if run.data.packing:
         return False
     lay = world.layout(run)
-    return lay.pp > 1 or lay.ep > 1 or run.data.pad_to_max_length or bool(run.cuda_graph.modules)
+    return lay.pp > 1 or lay.ep > 1 or pads_to_max_length(run)
 
 
 def _image_tokens(tokens_w: int, tokens_h: int) -> int:
