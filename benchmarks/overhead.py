@@ -8,9 +8,9 @@ pretrain() on the IDENTICAL ConfigContainer (built by vlmtrain.build from (a)'s 
 Bridge's forward step for the data (vlmtrain.groups.data.forward_step) and no vlmtrain callbacks. Both step times
 come from Bridge's own log line ("elapsed time per iteration (ms)", log_interval=1), so the ratio is like for
 like; (a)'s metrics.jsonl step_s gives a second ratio. Post-warm-up steps (iteration > skip) of all pairs are
-pooled; medians. One row `overhead_<case>` goes to results/perf_h200x2.jsonl, and pair 0's (a) run is recorded
-there as the case's own row (it is exactly `perf_h200x2.py`'s run of that case), so the overhead pair costs one
-extra run, not two.
+pooled; medians, and the median of per-step ratios (both sides train the same samples in the same order). One
+row `overhead_<case>` goes to results/perf_h200x2.jsonl; with --iterations 8 (perf_h200x2's), pair 0's (a) run
+is also recorded there as the case's own row (it is exactly `perf_h200x2.py`'s run of that case).
 """
 
 from __future__ import annotations
@@ -33,7 +33,9 @@ import perf_h200x2  # noqa: E402
 import run_cases  # noqa: E402
 from run_cases import ROOT, Case  # noqa: E402
 
-ITERATIONS = perf_h200x2.ITERATIONS  # pair 0's vlmtrain run doubles as the case's perf_h200x2 row
+# Steps of these runs vary ~10 % from step to step (data, alltoall waits), so a ratio meant to resolve 1 % needs
+# many steady steps; at perf_h200x2.ITERATIONS, pair 0's vlmtrain run also doubles as the case's perf row.
+ITERATIONS = 20
 SKIP = 3  # as vlmtrain.results.summarize: metrics step s is Bridge's iteration s + 1
 BRIDGE_LINE = re.compile(r"\biteration\s+(\d+)/\s*\d+\s*\|.*?elapsed time per iteration \(ms\):\s*([0-9.]+)")
 
@@ -48,11 +50,11 @@ def steady(ms_by_iteration: dict[int, float], skip: int = SKIP) -> list[float]:
     return [ms for it, ms in sorted(ms_by_iteration.items()) if it > skip]
 
 
-def metrics_step_ms(run_dir: Path, skip: int = SKIP) -> list[float]:
-    """vlmtrain's own step time (metrics.jsonl), the same steps vlmtrain.results.summarize takes."""
+def metrics_ms(run_dir: Path, key: str = "step_s", skip: int = SKIP) -> list[float]:
+    """A per-step seconds key of vlmtrain's metrics.jsonl in ms, the same steps vlmtrain.results.summarize takes."""
     from vlmtrain import results
 
-    return [r["step_s"] * 1000.0 for r in results.read_jsonl(run_dir / "metrics.jsonl")[skip:]]
+    return [r[key] * 1000.0 for r in results.read_jsonl(run_dir / "metrics.jsonl")[skip:] if key in r]
 
 
 def direct_command(run_config: Path, gpus: int, port: str) -> list[str]:
@@ -78,14 +80,24 @@ def run_direct(run_config: Path, run_dir: Path, gpus: int) -> tuple[int, float]:
 
 
 def overhead_metrics(pairs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Pooled medians over the pairs' steady steps; per-pair ratios show the spread between pairs."""
+    """Pooled medians over the pairs' steady steps; per-pair ratios show the spread between pairs. Both sides of a
+    pair train the same samples in the same order, so step i of (a) and step i of (b) did the same work:
+    `overhead_ratio_paired` is the median of those per-step ratios (data-dependent step time cancels)."""
     a_log = [ms for p in pairs for ms in p["vlmtrain_log_ms"]]
     a_met = [ms for p in pairs for ms in p["vlmtrain_metrics_ms"]]
     b_log = [ms for p in pairs for ms in p["direct_log_ms"]]
+    paired = [r for p in pairs for r in p["step_ratios"]]
+    host = [ms for p in pairs for ms in p.get("vlmtrain_host_ms", [])]
     med = statistics.median
     return {
         "overhead_ratio": med(a_log) / med(b_log),
+        "overhead_ratio_paired": med(paired),
+        "paired_ratio_quartiles": statistics.quantiles(paired, n=4) if len(paired) > 1 else paired,
         "overhead_ratio_metrics": med(a_met) / med(b_log) if a_met else None,
+        # vlmtrain's own host code per step (metrics.jsonl vlmtrain_host_s) over (b)'s step: the part of the
+        # overhead that does not drown in step-to-step noise
+        "vlmtrain_host_ms": med(host) if host else None,
+        "vlmtrain_host_fraction": med(host) / med(b_log) if host else None,
         "vlmtrain_step_ms_bridge_log": med(a_log),
         "vlmtrain_step_ms_metrics": med(a_met) if a_met else None,
         "direct_step_ms_bridge_log": med(b_log),
@@ -98,11 +110,15 @@ def overhead_metrics(pairs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def pair_record(a_dir: Path, b_dir: Path, a_wall: float, b_wall: float, skip: int = SKIP) -> dict[str, Any]:
-    """One pair's steady step times, from the files the two runs left behind."""
+    """One pair's steady step times, from the files the two runs left behind, and (a)/(b) of each iteration both
+    logged."""
+    a_ms, b_ms = (bridge_step_ms((d / "train.log").read_text()) for d in (a_dir, b_dir))
     return {
-        "vlmtrain_log_ms": steady(bridge_step_ms((a_dir / "train.log").read_text()), skip),
-        "vlmtrain_metrics_ms": metrics_step_ms(a_dir, skip),
-        "direct_log_ms": steady(bridge_step_ms((b_dir / "train.log").read_text()), skip),
+        "vlmtrain_log_ms": steady(a_ms, skip),
+        "step_ratios": [a_ms[it] / b_ms[it] for it in sorted(a_ms.keys() & b_ms.keys()) if it > skip],
+        "vlmtrain_metrics_ms": metrics_ms(a_dir, "step_s", skip),
+        "vlmtrain_host_ms": metrics_ms(a_dir, "vlmtrain_host_s", skip),
+        "direct_log_ms": steady(b_ms, skip),
         "vlmtrain_wall_s": round(a_wall, 1),
         "direct_wall_s": round(b_wall, 1),
     }
@@ -149,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         if rc:
             print((a_dir / "train.log").read_text()[-4000:], file=sys.stderr)
             return 1
-        if i == 0:
+        if i == 0 and args.iterations == perf_h200x2.ITERATIONS:
             run_cases.record(case, rc, a_dir, a_wall, args.results, config=run_cases.overrides(case),
                              runner=f"python benchmarks/overhead.py --case {case.name} (pair 0, vlmtrain side)")
         b_dir = args.out / f"pair{i}_direct"

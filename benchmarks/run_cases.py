@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -91,7 +92,8 @@ def run_batch(cases: list[Case], out: Path, gpus: int) -> list[tuple[Case, int, 
     procs, next_gpu = [], 0
     for case in cases:
         run_dir = out / case.name
-        run_dir.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(run_dir, ignore_errors=True)  # a re-run (e.g. of a failed case) must not append to old files
+        run_dir.mkdir(parents=True)
         env = dict(
             os.environ,
             CUDA_VISIBLE_DEVICES=",".join(str(next_gpu + i) for i in range(case.gpus)),

@@ -68,18 +68,25 @@ def base_container(provider: Any) -> ConfigContainer:
     )
 
 
-def _flatten(prefix: str, value: Any) -> list[str]:
+def flatten_overrides(value: Any, prefix: str = "") -> list[str]:
+    """{"model": {"x": 1}} -> ["model.x=1"], in Hydra override syntax for Bridge's parser."""
     if isinstance(value, dict):
-        return [o for k, v in value.items() for o in _flatten(f"{prefix}.{k}" if prefix else k, v)]
+        return [o for k, v in value.items() for o in flatten_overrides(v, f"{prefix}.{k}" if prefix else k)]
     return [f"{prefix}={json.dumps(value)}"]
 
 
-def bridge_overrides(run: RunConfig) -> list[str]:
-    """`+bridge.model.x=1` -> ["model.x=1"], in Hydra override syntax for Bridge's parser."""
+def bridge_tree(run: RunConfig) -> dict[str, Any]:
+    """The run's `+bridge.*` passthrough as a plain nested dict."""
     from omegaconf import OmegaConf
 
-    raw = OmegaConf.to_container(OmegaConf.create(run.bridge)) if not isinstance(run.bridge, dict) else run.bridge
-    return _flatten("", raw)
+    if isinstance(run.bridge, dict):
+        return run.bridge
+    return OmegaConf.to_container(OmegaConf.create(run.bridge))  # type: ignore[return-value]
+
+
+def bridge_overrides(run: RunConfig) -> list[str]:
+    """`+bridge.model.x=1` -> ["model.x=1"]."""
+    return flatten_overrides(bridge_tree(run))
 
 
 def build(run: RunConfig) -> ConfigContainer:

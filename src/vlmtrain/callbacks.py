@@ -7,6 +7,7 @@ iterator marks the data wait on the step timeline (vlmtrain.timing).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +33,7 @@ class StepCounters:
     def reset(self) -> None:
         self.totals = dict.fromkeys(COUNTERS, 0)
         self.samples = []
+        self.host_s = 0.0  # host time spent counting (part of vlmtrain_host_s)
 
     def padded_length(self, raw_len: int) -> int:
         """Sequence length the model actually runs for a collated [B, raw_len] batch (vlmtrain.memory.pads)."""
@@ -93,7 +95,9 @@ class StepCounters:
             def __next__(self) -> dict[str, Any]:
                 with counters.timer.data():
                     batch = next(self.it)
+                t0 = time.perf_counter()
                 counters.count(batch)
+                counters.host_s += time.perf_counter() - t0
                 return batch
 
         def step(state: Any, data_iterator: Any, model: Any, return_schedule_plan: bool = False) -> Any:

@@ -119,7 +119,8 @@ class MetricsCallback(Callback):
 
         self.counters.timer.stop()
         torch.cuda.synchronize()
-        step_s = time.perf_counter() - self.t0
+        t_end = time.perf_counter()
+        step_s = t_end - self.t0
         if self.run.cuda_graph.modules:
             self.max_graphed = max(self.max_graphed, checks.graphed_layers(context.model))
         fl = metrics.step_flops(self.run, self.counters.samples)
@@ -132,11 +133,15 @@ class MetricsCallback(Callback):
         peak = torch.tensor(maxed, dtype=torch.float64, device="cuda")
         dist.all_reduce(peak, op=dist.ReduceOp.MAX)
         batch_size, stats = bridge_step_stats(context)
+        peak_gib, step_s, *timed = peak.tolist()
+        # This rank's host time in vlmtrain's per-step code outside Bridge's step (counting the batches, this
+        # callback up to here): what vlmtrain adds to every step besides its hooks' CUDA events.
+        host_s = self.counters.host_s + time.perf_counter() - t_end
         self.counters.reset()
         if not self._is_writer():
             return
-        peak_gib, step_s, *timed = peak.tolist()
         row = self._row(context, vec.tolist(), peak_gib, step_s)
+        row["vlmtrain_host_s"] = host_s
         row.update(timing.row(dict(zip(TIMED, timed, strict=True)), step_s), data_host_s=timed[-1])
         row.update(megatron_numbers(context.state.cfg, batch_size, stats, step_s, dist.get_world_size()))
         append_jsonl(self.path, row)

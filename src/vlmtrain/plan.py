@@ -68,6 +68,12 @@ def render(run: RunConfig, cfg: ConfigContainer | None, findings: list[preflight
             vals = [f"{p}={field_value(cfg, p)}" for p in sorted(g.OWNS)]
             lines += textwrap.wrap("  ".join(vals), width=118, initial_indent=f"  {name:<12}",
                                    subsequent_indent=" " * 14, break_long_words=False, break_on_hyphens=False)
+        if run.bridge:  # +bridge.* passthrough, after the groups (redacted: it may carry credentials)
+            from vlmtrain import build
+
+            vals = build.flatten_overrides(redact.redact(build.bridge_tree(run)))
+            lines += textwrap.wrap("  ".join(vals), width=118, initial_indent=f"  {'+bridge':<12}",
+                                   subsequent_indent=" " * 14, break_long_words=False, break_on_hyphens=False)
     lines += memory_section(run)
     lines.append("preflight:" + ("" if findings else " no findings"))
     lines += [f"  {f}" for f in findings]

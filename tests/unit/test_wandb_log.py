@@ -323,3 +323,12 @@ def test_bridge_config_yaml_keeps_no_secret(bridge_cfg: Any, tmp_path: Path) -> 
     text = (tmp_path / "bridge_config.yaml").read_text()
     assert ENV_SECRET not in text and LITERAL_SECRET not in text
     assert "num_moe_experts: 128" in text and f"comet_api_key: {redact.REDACTED}" in text
+
+
+def test_plan_shows_bridge_passthrough_without_secrets(run: RunConfig, bridge_cfg: Any) -> None:
+    from vlmtrain import plan
+
+    text = plan.render(run, bridge_cfg, [], "OK")
+    [line] = [ln for ln in text.splitlines() if ln.lstrip().startswith("+bridge")]
+    assert f'logger.comet_api_key="{redact.REDACTED}"' in line and "logger.comet_experiment_name=" in line
+    assert ENV_SECRET not in text and LITERAL_SECRET not in text
