@@ -30,7 +30,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from vlmtrain import memory  # noqa: E402
+from vlmtrain import memory, results  # noqa: E402
 from vlmtrain.compose import compose  # noqa: E402
 from vlmtrain.schema import RunConfig  # noqa: E402
 
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.table:
         print(markdown_table([json.loads(line) for line in args.out.read_text().splitlines() if line.strip()]), end="")
         return 0
-    records = [json.loads(line) for line in args.measured.read_text().splitlines() if line.strip()]
+    records = results.latest(results.read_jsonl(args.measured))
     lengths_cache: dict[str, list[tuple[int, int]]] = {}
     rows = [row(r, lengths_cache, args.cache_dir.absolute()) for r in records]
     args.out.write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -45,8 +45,8 @@ PARALLELISM = {
     # EP 1: the one 2-GPU layout where Bridge's Qwen-VL step does not pad every sample to seq_length
     "fsdp-ep1": ["parallelism=fsdp", "parallelism.ep=1"],
 }
-# Kernel choices no config group owns yet (Hopper's CUTLASS grouped GEMM for the experts; TE's fused router and
-# cross entropy), as plain overrides; one that wins moves into its group (hardware env, model group).
+# Kernel choices (Hopper's CUTLASS grouped GEMM for the experts; TE's fused router and cross entropy) as the raw
+# overrides the kernels sweep ran with, before the kernels group existed (kernels=fast is both; the rows keep what ran).
 KERNELS = {
     "cutlass": ["+hardware.env.NVTE_USE_CUTLASS_GROUPED_GEMM=1"],
     "fused": ["+bridge.model.moe_router_fusion=true", "+bridge.model.cross_entropy_fusion_impl=te"],
@@ -119,9 +119,9 @@ PACKED = dataclasses.replace(B, parallelism="3d-ep2", mbs=8, packing=True)  # fa
 SWEEPS["kernels"] = [PACKED, dataclasses.replace(PACKED, kernels=("cutlass",)),
                      *(dataclasses.replace(PACKED, mbs=m, gbs=g, kernels=("cutlass", "fused"))
                        for m, g in ((8, GBS), (12, 24), (8, 32), (16, 32), (8, 64), (12, 48), (12, 96)))]
-# The fastest case measured (results/perf_h200x2.jsonl), shipped as conf/experiment/perf_h200x2_best.yaml: among
-# cases within TIE of the fastest, the one with the smaller GBS (MBS 12 at GBS 96 measured 0.3 % more, at 128 GiB).
-BEST = dataclasses.replace(PACKED, mbs=12, gbs=48, kernels=("cutlass", "fused"))
+# The fastest case measured (results/perf_h200x2.jsonl), shipped as conf/experiment/perf_h200x2_best.yaml; among
+# cases within TIE of the fastest, the one with the smaller GBS.
+BEST = dataclasses.replace(PACKED, mbs=12, gbs=96, kernels=("cutlass", "fused"))
 TIE = 0.01  # far inside the ~4 % spread between two runs of one case on one lease (overhead.py's pair ratios)
 
 
@@ -166,11 +166,10 @@ def dry_run(cases: list[tuple[Case, Knobs]], out: Path) -> dict[str, str]:
 
 
 def latest_rows(results_path: Path) -> dict[str, dict[str, Any]]:
-    """The results file's rows by case name; a later row of a name replaces an earlier one, and rows marked
-    `superseded` (their command no longer means what it measured) are left out."""
+    """The results file's rows by case name (vlmtrain.results.latest)."""
     from vlmtrain import results
 
-    return {r["name"]: r for r in results.read_jsonl(results_path) if "superseded" not in r}
+    return {r["name"]: r for r in results.latest(results.read_jsonl(results_path))}
 
 
 def mock_ratio_row(ran: set[str], results_path: Path) -> dict[str, Any] | None:
@@ -250,7 +249,8 @@ def report(results_path: Path) -> str:
         for n, m in sorted(ok.items(), key=lambda kv: -kv[1]["useful_tokens_per_s_per_gpu"]):
             if ("_frozen_" in n) != frozen:
                 continue
-            note = "exit 1 after training (see row)" if latest[n].get("rc") else ""
+            note = ("exit 1 after training (see row)" if latest[n].get("rc") else
+                    "rates are medians of per-step rates (run files lost)" if "rates" in latest[n] else "")
             split = f"{m['time_vision_s']:.2f} / {m['time_decoder_s']:.2f}" if "time_vision_s" in m else "-"
             lines.append(f"| {n} | {m['step_s']:.2f} | {m['useful_tokens_per_s_per_gpu']:.0f} | {m['mfu']:.1%} | "
                          f"{m['peak_mem_gib']:.0f} | {m['nonpad_fraction']:.1%} | {split} | {note} |")
@@ -259,6 +259,8 @@ def report(results_path: Path) -> str:
     lines += ["", "## The seed's claims at this scale", "",
               "| claim | useful tok/s/GPU A/B | step_s A/B | first_loss A, B |", "|---|---|---|---|"]
     for what, a, b in CLAIMS:
+        if any("rates" in latest.get(n, {}) for n in (a, b)):
+            what += " (one side's rates are medians of per-step rates)"
         if a in ok and b in ok:
             useful = ok[a]["useful_tokens_per_s_per_gpu"] / ok[b]["useful_tokens_per_s_per_gpu"]
             lines.append(f"| {what} | {useful:.2f} | {ok[a]['step_s'] / ok[b]['step_s']:.2f} | "
@@ -277,6 +279,12 @@ def report(results_path: Path) -> str:
                 line += (f"; median of per-step ratios {over['overhead_ratio_paired']:.3f}; vlmtrain's own host code "
                          f"{over['vlmtrain_host_ms']:.1f} ms per step = {over['vlmtrain_host_fraction']:.2%} of it")
             lines.append(line)
+        if n.startswith("lease-spread_"):
+            m = r["metrics"]
+            lines.append(f"- the same case on two machine leases, {n.removeprefix('lease-spread_')}: "
+                         f"{m['useful_tokens_per_s_per_gpu_first_lease']:.0f} and "
+                         f"{m['useful_tokens_per_s_per_gpu_second_lease']:.0f} useful tokens/s/GPU "
+                         f"({m['second_over_first_useful_tokens_per_s_per_gpu']:.2f}x): cross-lease ratios carry it")
     return "\n".join(lines) + "\n"
 
 

@@ -1,8 +1,11 @@
 """Results files: summarize a run directory and append one JSON row per measured run to results/<topic>.jsonl.
 
-A row is {name, command, date, machine, metrics, config}; metric keys carry units. Step time is the median
-of the steps after warm-up (the first `skip` steps include compilation, CUDA-graph capture and allocator
-growth).
+A row is {name, command, date, machine, metrics, config}; metric keys carry units. Only the steps after warm-up
+count (the first `skip` steps include compilation, CUDA-graph capture and allocator growth). Rates (tokens/s,
+TFLOP/s, MFU) are over the whole steady window: total work / total time, i.e. per-step rates weighted by step
+time. A median of per-step rates would overstate them whenever steps carry unequal work (packed real images:
+steps with more tokens run at higher rates; up to ~10 % in results/perf_h200x2.jsonl). Step time and the other
+keys are medians.
 """
 
 from __future__ import annotations
@@ -15,14 +18,24 @@ from pathlib import Path
 from typing import Any
 
 SKIP = 3
-"""Warm-up steps left out of every median."""
+"""Warm-up steps left out of every summary."""
 HEADLINE_KEYS = ("step_s", "useful_tokens_per_s_per_gpu", "padded_tokens_per_s_per_gpu", "tflops_per_s_per_gpu", "mfu")
+RATE_KEYS = frozenset(HEADLINE_KEYS[1:])
+"""Per-step rates: summarized as total work / total time (weighted by step_s), not as a median."""
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def latest(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per name, in first-seen order: a later row of a name replaces an earlier one (a re-run, or a row
+    re-summarized from the same run's files); rows marked `superseded` (their command no longer means what it
+    measured) are left out."""
+    by_name = {r["name"]: r for r in rows if "superseded" not in r}
+    return [by_name[n] for n in dict.fromkeys(r["name"] for r in rows) if n in by_name]
 
 
 def steady(rows: list[dict[str, Any]], skip: int = SKIP) -> list[dict[str, Any]]:
@@ -32,18 +45,20 @@ def steady(rows: list[dict[str, Any]], skip: int = SKIP) -> list[dict[str, Any]]
 
 def summarize_rows(rows: list[dict[str, Any]], skip: int = SKIP,
                    keys: tuple[str, ...] = HEADLINE_KEYS) -> dict[str, Any]:
-    """Headline metrics of one run's step rows (metrics.jsonl or W&B history): medians of `keys` after warm-up;
-    a key no steady row has a number for is left out (W&B history may lack some)."""
+    """Headline metrics of one run's step rows (metrics.jsonl or W&B history) after warm-up: RATE_KEYS weighted by
+    step time, other `keys` medians; a key no steady row has a number for is left out (W&B history may lack some)."""
     if not rows:
         return {}
     after = steady(rows, skip)
-    medians = {}
+    summary = {}
     for key in keys:
-        values = [r[key] for r in after if isinstance(r.get(key), int | float)]
-        if values:
-            medians[key] = statistics.median(values)
-    step = {"step_s": medians.pop("step_s")} if "step_s" in medians else {}  # the results files' key order
-    out = {"steps": len(rows), **step, "peak_mem_gib": max(r.get("peak_mem_gib", 0.0) for r in rows), **medians}
+        have = [r for r in after if isinstance(r.get(key), int | float)]
+        if key in RATE_KEYS and have and all(isinstance(r.get("step_s"), int | float) for r in have):
+            summary[key] = sum(r[key] * r["step_s"] for r in have) / sum(r["step_s"] for r in have)
+        elif have:
+            summary[key] = statistics.median(r[key] for r in have)
+    step = {"step_s": summary.pop("step_s")} if "step_s" in summary else {}  # the results files' key order
+    out = {"steps": len(rows), **step, "peak_mem_gib": max(r.get("peak_mem_gib", 0.0) for r in rows), **summary}
     padded = sum(r.get("padded_tokens", 0) for r in after)
     if padded:
         out["nonpad_fraction"] = sum(r.get("nonpad_tokens", 0) for r in after) / padded
@@ -54,7 +69,7 @@ def summarize_rows(rows: list[dict[str, Any]], skip: int = SKIP,
 
 
 def summarize(run_dir: Path, skip: int = SKIP, keys: tuple[str, ...] = HEADLINE_KEYS) -> dict[str, Any]:
-    """Headline metrics (medians of `keys`) of one run from its metrics.jsonl."""
+    """Headline metrics (summarize_rows) of one run from its metrics.jsonl."""
     return summarize_rows(read_jsonl(Path(run_dir) / "metrics.jsonl"), skip, keys)
 
 

@@ -16,6 +16,7 @@ from vlmtrain.groups.cuda_graph import CudaGraphConfig
 from vlmtrain.groups.data import DataConfig
 from vlmtrain.groups.dispatcher import DispatcherConfig
 from vlmtrain.groups.hardware import HardwareConfig
+from vlmtrain.groups.kernels import KernelsConfig
 from vlmtrain.groups.model import ModelConfig
 from vlmtrain.groups.parallelism import ParallelismConfig
 from vlmtrain.groups.recompute import RecomputeConfig
@@ -56,6 +57,7 @@ class RunConfig:
     dispatcher: DispatcherConfig = MISSING
     recompute: RecomputeConfig = MISSING
     cuda_graph: CudaGraphConfig = MISSING
+    kernels: KernelsConfig = MISSING
     vision: VisionConfig = MISSING
     train: TrainConfig = field(default_factory=TrainConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)

@@ -222,6 +222,15 @@ TABLE: list[tuple[list[str], dict[str, object]]] = [
         },
     ),
     (
+        ["kernels=default"],
+        {"model.moe_router_fusion": False, "model.cross_entropy_fusion_impl": "native", "model.moe_grouped_gemm": True},
+    ),
+    (
+        ["kernels=fast", "hardware=h100"],
+        {"model.moe_router_fusion": True, "model.cross_entropy_fusion_impl": "te",
+         "env_vars.NVTE_USE_CUTLASS_GROUPED_GEMM": "1"},
+    ),
+    (
         ["+bridge.model.moe_aux_loss_coeff=0.0", "+bridge.train.manual_gc_interval=7"],
         {"model.moe_aux_loss_coeff": 0.0, "train.manual_gc_interval": 7},
     ),
@@ -295,6 +304,7 @@ SWAPS = [
     ("dispatcher", ["dispatcher=alltoall"], ["dispatcher=hybridep"]),
     ("recompute", ["recompute=none"], ["recompute=full"]),
     ("cuda_graph", ["cuda_graph=none"], ["cuda_graph=moe_router_preprocess"]),
+    ("kernels", ["kernels=default"], ["kernels=fast"]),
     ("vision", ["vision=trainable"], ["vision=frozen_with_projector"]),
     ("train", [], ["train.micro_batch_size=2", "train.iterations=7", "train.save_interval=5"]),
 ]

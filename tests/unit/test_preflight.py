@@ -18,6 +18,7 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
         [*B30, "hardware=h100", "dispatcher=hybridep"],
     ),
     "deepep_not_on_gb200": (["hardware=gb200", "dispatcher=deepep"], ["hardware=b200", "dispatcher=deepep"]),
+    "cutlass_grouped_gemm_needs_sm90": (["kernels=fast", "hardware=b200"], ["kernels=fast", "hardware=h100"]),
     "fsdp_needs_pp1": (["parallelism=fsdp", "parallelism.pp=2"], ["parallelism=fsdp"]),
     "fsdp_checkpoint_format": (
         ["parallelism=fsdp", "+bridge.checkpoint.ckpt_format=torch_dist"],

@@ -6,6 +6,7 @@ import csv
 import json
 import shlex
 import shutil
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -301,3 +302,17 @@ def test_hydra_multirun_calls_the_callback(tmp_path: Path) -> None:
     md = (sweep / "report.md").read_text()
     assert "| #0 | dry run (planned, not trained) | bridge_config.yaml only |" in md
     assert "| (not launched) | skipped by preflight | fsdp_needs_pp1: " in md
+
+
+def test_rates_are_total_work_over_total_time() -> None:
+    """A run's tokens/s and MFU are its steady window's totals over its time, not a median of per-step rates (the
+    median overstates them when steps carry unequal work, as packed real images do)."""
+    run_dir = CASES / "30b-shape-l4_fsdp_ep2_trainable_recompute-none_graph-none_2gpu"
+    steps = results.steady(results.read_jsonl(run_dir / "metrics.jsonl"))
+    summary = results.summarize(run_dir)
+    seconds = sum(r["step_s"] for r in steps)
+    assert summary["useful_tokens_per_s_per_gpu"] == pytest.approx(sum(r["nonpad_tokens"] for r in steps) / seconds / 2)
+    assert summary["mfu"] == pytest.approx(sum(r["mfu"] * r["step_s"] for r in steps) / seconds)
+    assert summary["step_s"] == statistics.median(r["step_s"] for r in steps)
+    per_step = [r["useful_tokens_per_s_per_gpu"] for r in steps]
+    assert summary["useful_tokens_per_s_per_gpu"] != pytest.approx(statistics.median(per_step), rel=1e-3)

@@ -9,6 +9,7 @@ from vlmtrain.groups import (
     data,
     dispatcher,
     hardware,
+    kernels,
     model,
     parallelism,
     recompute,
@@ -17,4 +18,4 @@ from vlmtrain.groups import (
 )
 
 # The order only fixes how the dry-run plan lists groups; OWNS sets are disjoint.
-ALL = (model, parallelism, hardware, dispatcher, recompute, cuda_graph, vision, data, train)
+ALL = (model, parallelism, hardware, dispatcher, recompute, cuda_graph, kernels, vision, data, train)

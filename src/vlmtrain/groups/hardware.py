@@ -59,12 +59,13 @@ def hybridep_env(hw: HardwareConfig, ep: int) -> dict[str, str]:
 
 
 def runtime_env(run: RunConfig) -> dict[str, str]:
-    """Every env var a rank needs: the hardware's own, HybridEP topology when that dispatcher runs, and
-    NCCL_GRAPH_REGISTER=0 when CUDA graphs meet expandable segments (Megatron asserts it: illegal memory
+    """Every env var a rank needs: the hardware's own, the kernels group's, HybridEP topology when that dispatcher
+    runs, and NCCL_GRAPH_REGISTER=0 when CUDA graphs meet expandable segments (Megatron asserts it: illegal memory
     access otherwise)."""
     from vlmtrain import world
+    from vlmtrain.groups import kernels
 
-    env = {k: str(v) for k, v in run.hardware.env.items()}
+    env = {k: str(v) for k, v in run.hardware.env.items()} | kernels.env(run)
     if run.dispatcher.backend == "hybridep":
         env.update(hybridep_env(run.hardware, world.layout(run).ep))
     if run.cuda_graph.modules and "expandable_segments:True" in env.get("PYTORCH_CUDA_ALLOC_CONF", ""):

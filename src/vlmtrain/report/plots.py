@@ -76,7 +76,7 @@ def plot_throughput_vs_mbs(jobs: list[Job], base: dict[str, str], path: Path) ->
     _label_points(ax, points, (max(mbs) - min(mbs)) or 1.0 if mbs else 1.0)
     ax.set_xticks(mbs or [1])
     ax.set_xlabel("micro-batch size (samples per GPU per micro-step)")
-    ax.set_ylabel("useful tokens/s/GPU (median after warm-up)")
+    ax.set_ylabel("useful tokens/s/GPU (after warm-up)")
     ax.set_title("Throughput vs micro-batch size, one line per configuration")
     ax.grid(alpha=0.3)
     if series:
@@ -158,7 +158,7 @@ def plot_memory_vs_throughput(jobs: list[Job], path: Path) -> None:
     ax.set_xlim(0, x_max)
     ax.set_ylim(bottom=0)
     ax.set_xlabel("peak allocated memory per GPU (GiB, max over ranks)")
-    ax.set_ylabel("useful tokens/s/GPU (median after warm-up)")
+    ax.set_ylabel("useful tokens/s/GPU (after warm-up)")
     ax.set_title("Peak memory vs throughput (red dashed: GPU memory; headroom = distance to it)")
     ax.grid(alpha=0.3)
     _save(fig, path, not ranked)

@@ -97,10 +97,11 @@ def render(jobs: list[Job], source: str, root: Path | None) -> str:
     lines = [f"# Sweep report: {Path(source).name or source}", "",
              f"Source: `{source}` · {len(jobs)} job{'s' * (len(jobs) != 1)}: "
              + ", ".join(f"{n} {s}" for s, n in counts.most_common()), "",
-             f"Ranked by useful (non-padding) tokens/s/GPU: medians over the steps after the first {SKIP} "
-             "(warm-up); non-pad = the share of the tokens the model ran that are not padding. MFU uses "
-             "vlmtrain's model FLOPs and the hardware group's dense BF16 peak; peak memory is the "
-             "max allocated over ranks; headroom is the hardware group's memory_gib minus that peak."]
+             f"Ranked by useful (non-padding) tokens/s/GPU over the steps after the first {SKIP} (warm-up): "
+             "rates are total work / total time, step and component times medians; non-pad = the share of the "
+             "tokens the model ran that are not padding. MFU uses vlmtrain's model FLOPs and the hardware group's "
+             "dense BF16 peak; peak memory is the max allocated over ranks; headroom is the hardware group's "
+             "memory_gib minus that peak."]
     lines += [x for x in (_sweep_line(root),) if x]
     if fixed:
         lines += ["", "Same in every job: " + ", ".join(f"{k}={v}" for k, v in fixed.items()) + "."]
