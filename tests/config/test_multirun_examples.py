@@ -28,6 +28,7 @@ EXPECTED: dict[str, tuple[int, dict[str, str]]] = {
     "vision": (3, {}),
     "mock_vs_real": (2, {}),
     "dispatcher": (3, {}),
+    "kernels": (2, {}),
 }
 # (example, extra overrides, expected jobs, expected skips): the hardware-dependent answers.
 VARIANTS: list[tuple[str, list[str], int, dict[str, str]]] = [
@@ -38,6 +39,12 @@ VARIANTS: list[tuple[str, list[str], int, dict[str, str]]] = [
         {"dispatcher=deepep hardware=gb200 nodes=2": "deepep_not_on_gb200"},
     ),
     ("mbs", ["hardware=gb200", "nodes=2"], 4, {}),
+    (
+        "kernels",
+        ["hardware=gb200", "nodes=2"],
+        2,
+        {"kernels=fast hardware=gb200 nodes=2": "cutlass_grouped_gemm_needs_sm90"},
+    ),
 ]
 
 
