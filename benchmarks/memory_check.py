@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--table", action="store_true", help="print the markdown table of --out and exit")
     args = ap.parse_args(argv)
     if args.table:
-        print(markdown_table([json.loads(line) for line in args.out.read_text().splitlines() if line.strip()]), end="")
+        print(markdown_table(results.read_jsonl(args.out)), end="")
         return 0
     records = results.latest(results.read_jsonl(args.measured))
     lengths_cache: dict[str, list[tuple[int, int]]] = {}

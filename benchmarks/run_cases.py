@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def record(case: Case, rc: int, run_dir: Path, wall: float, results_path: Path, **extra: Any) -> dict[str, Any] | None:
     """Summarize one finished case and append its row (None, and the log's tail printed, when it failed)."""
-    summary = results.summarize(run_dir, keys=job.MEDIAN_KEYS)  # headline, per-component seconds and FLOPs
+    summary = results.summarize(run_dir, keys=job.SUMMARY_KEYS)  # headline, per-component seconds and FLOPs
     checks_file = run_dir / "checks.json"
     checks = json.loads(checks_file.read_text()) if checks_file.exists() else {}
     cmd = "python train.py " + " ".join(overrides(case))

@@ -27,10 +27,6 @@ GRAPH_CASE = ["model=tiny", "train.global_batch_size=8", "parallelism=3d", "cuda
               "gpus_per_node=1"]
 
 
-def _rows(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def _memory_check() -> ModuleType:
     spec = importlib.util.spec_from_file_location("memory_check", ROOT / "benchmarks" / "memory_check.py")
     assert spec and spec.loader
@@ -41,7 +37,7 @@ def _memory_check() -> ModuleType:
 
 def _case_overrides() -> dict[str, list[str]]:
     mc = _memory_check()
-    out = {r["name"]: mc.overrides(r["command"]) for r in _rows(MEASURED)}
+    out = {r["name"]: mc.overrides(r["command"]) for r in results.read_jsonl(MEASURED)}
     return {d.name: out.get(d.name, GRAPH_CASE) for d in sorted(GPU_CASES.iterdir())}
 
 
@@ -206,7 +202,7 @@ def test_plan_shows_the_memory_section(compose):
 
 
 def test_every_measured_run_has_an_estimate_row():
-    rows, measured = _rows(ESTIMATES), results.latest(_rows(MEASURED))
+    rows, measured = results.read_jsonl(ESTIMATES), results.latest(results.read_jsonl(MEASURED))
     assert [r["name"] for r in rows] == [m["name"] for m in measured]
     for r, m in zip(rows, measured, strict=True):
         assert r["command"]["gpu"] == m["command"] and r["command"]["benchmark"].startswith("python benchmarks/")
@@ -218,11 +214,11 @@ def test_every_measured_run_has_an_estimate_row():
 def test_estimates_are_within_15_percent_or_marked():
     """Every row is within 15 % of its measured peak, or is flagged and named under the report's Misses."""
     misses_section = REPORT.read_text().split("## Misses", 1)[1].split("\n## ", 1)[0]
-    for r in _rows(ESTIMATES):
+    for r in results.read_jsonl(ESTIMATES):
         within = abs(r["metrics"]["error_pct"]) <= 15.0
         assert r["within_target"] is within, r["name"]
         assert (r["name"] in misses_section) is not within, r["name"]
 
 
 def test_report_table_comes_from_the_jsonl():
-    assert _memory_check().markdown_table(_rows(ESTIMATES)) in REPORT.read_text()
+    assert _memory_check().markdown_table(results.read_jsonl(ESTIMATES)) in REPORT.read_text()

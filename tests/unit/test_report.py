@@ -41,7 +41,7 @@ def command_overrides(command: str) -> list[str]:
 def results_rows() -> dict[str, dict]:
     """Rows whose fixture run dir is the run they summarize: the graph case's fixture is its first (crashed)
     attempt, while results/gpu_training.jsonl holds its later successful re-run."""
-    return {r["name"]: r for r in results.read_jsonl(RESULTS) if r["name"] != CRASH}
+    return {r["name"]: r for r in results.latest(results.read_jsonl(RESULTS)) if r["name"] != CRASH}
 
 
 def case_overrides() -> dict[str, list[str]]:

@@ -18,7 +18,7 @@ TIME_KEYS = ("time_vision_s", "time_projector_s", "time_decoder_s", "time_optimi
 """vlmtrain.timing's per-component seconds of a step (rank 0); `other` = step_s minus the named ones."""
 FLOP_KEYS = ("flops_vit", "flops_projector", "flops_decoder")
 COMPONENTS = ("ViT", "projector", "decoder", "optimizer", "data", "other")
-MEDIAN_KEYS = (*HEADLINE_KEYS, *TIME_KEYS, *FLOP_KEYS, "vlmtrain_host_s")
+SUMMARY_KEYS = (*HEADLINE_KEYS, *TIME_KEYS, *FLOP_KEYS, "vlmtrain_host_s")
 
 SECTIONS = {
     "main": "Ranking: trainable vision, real data",
@@ -153,7 +153,7 @@ def steady_metrics(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """vlmtrain.results.summarize_rows over the step rows only (W&B history also holds other rows), with the
     component medians and the GPU count the token rates imply (what ran, which Job.layout prefers to the config)."""
     rows = [r for r in rows if isinstance(r.get("step_s"), int | float) and "useful_tokens_per_s_per_gpu" in r]
-    out = summarize_rows(rows, keys=MEDIAN_KEYS)
+    out = summarize_rows(rows, keys=SUMMARY_KEYS)
     gpus = [r["nonpad_tokens"] / r["step_s"] / r["useful_tokens_per_s_per_gpu"] for r in steady(rows)
             if r.get("nonpad_tokens") and r["useful_tokens_per_s_per_gpu"]]
     if gpus:
