@@ -32,11 +32,14 @@ def load(path: str | Path) -> RunConfig:
 
 
 def build_cfg(run: RunConfig) -> ConfigContainer:
-    """The same ConfigContainer vlmtrain.trainer.train() hands to pretrain() (build, then the helper patch)."""
+    """The same ConfigContainer vlmtrain.trainer.train() hands to pretrain() (build, then the helper patch), and the
+    same model code: the kernels group's fast paths are part of what trains, not of vlmtrain's overhead."""
     from vlmtrain import build, trainer
+    from vlmtrain.groups import kernels
 
     cfg = build.build(run)
     trainer.use_prebuilt_dataset_helpers()
+    kernels.install(run)
     return cfg
 
 

@@ -21,10 +21,12 @@ def train(run: RunConfig) -> None:
     from megatron.bridge.training.pretrain import pretrain
 
     from vlmtrain import build, callbacks, checks
-    from vlmtrain.groups import data
+    from vlmtrain.groups import data, kernels
 
     cfg = build.build(run)
     checks.before_launch(run, cfg)
     use_prebuilt_dataset_helpers()
+    if paths := kernels.install(run):
+        print(f"[vlmtrain] kernels: Bridge code paths replaced: {', '.join(paths)}", flush=True)
     counters = callbacks.StepCounters(run)
     pretrain(cfg, counters.wrap(data.forward_step(run)), callbacks=callbacks.for_run(run, counters))

@@ -67,8 +67,8 @@ def test_best_case_ships_as_the_preset(bridge: object, tmp_path: Path) -> None:
     same vlmtrain settings Bridge never sees (data payload, preflight)."""
     from omegaconf import OmegaConf
 
-    from vlmtrain import build, redact
-    from vlmtrain.groups import hardware
+    from vlmtrain import build, fastpaths, redact
+    from vlmtrain.groups import hardware, kernels
 
     case = run_cases.Case(perf.BEST.name(), perf.GPUS, perf.BEST.overrides())
     preset = compose(["experiment=perf_h200x2_best", f"train.iterations={perf.ITERATIONS}", "dry_run=true",
@@ -91,6 +91,13 @@ def test_best_case_ships_as_the_preset(bridge: object, tmp_path: Path) -> None:
                 if k not in ("kernels", "hardware", "bridge")}
 
     assert elsewhere(preset) == elsewhere(ran)
+    # the fast paths are no Bridge fields: kernels.install() puts them in place in the training process
+    installed = ("rope", "vit_positions", "pin_visual_inputs")
+    assert [getattr(preset.kernels, f) for f in installed] == [getattr(ran.kernels, f) for f in installed]
+    try:
+        assert kernels.install(preset) == kernels.install(ran) != []
+    finally:
+        fastpaths.uninstall()
     assert preset.hardware.env == {k: v for k, v in ran.hardware.env.items() if k != "NVTE_USE_CUTLASS_GROUPED_GEMM"}
     rows = perf.latest_rows(perf.RESULTS)
     full = {n: r["metrics"]["useful_tokens_per_s_per_gpu"] for n, r in rows.items()

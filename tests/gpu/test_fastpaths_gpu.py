@@ -1,0 +1,77 @@
+"""vlmtrain.fastpaths' GPU parts beside Bridge's code: TE's fused RoPE against Bridge's unfused rotation on packed
+rows at the 30B-A3B ViT's and decoder's head shapes (forward and gradient), and pinned visual inputs.
+Run with `pytest -m gpu`."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from vlmtrain import fastpaths
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def _needs_cuda() -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+
+
+# (tokens, heads, head dim, Bridge's apply_rotary_pos_emb_in_fp32): the ViT (16 x 72, fp32 rotation) and the
+# decoder (32 query heads x 128) of Qwen3-VL-30B-A3B, on a packed row of several images / samples.
+SHAPES = {"vit": (9000, 16, 72, True), "decoder": (5000, 32, 128, False)}
+
+
+@pytest.mark.parametrize("part", SHAPES)
+def test_te_rope_matches_bridge(part: str) -> None:
+    from megatron.bridge.models.qwen_vl.modelling_qwen3_vl import rope
+
+    tokens, heads, dim, in_fp32 = SHAPES[part]
+    config = types.SimpleNamespace(apply_rope_fusion=False, apply_rotary_pos_emb_in_fp32=in_fp32,
+                                   rotary_interleaved=False)
+    torch.manual_seed(0)
+    t = torch.randn(tokens, heads, dim, device="cuda", dtype=torch.bfloat16)
+    # absolute per-token angles, as Bridge builds them (positions restart per image/sample)
+    pos = torch.cat([torch.arange(n, device="cuda") for n in (tokens // 3, tokens // 3, tokens - 2 * (tokens // 3))])
+    inv = 1.0 / (10000 ** (torch.arange(0, dim // 2, device="cuda", dtype=torch.float32) * 2 / dim))
+    freqs = torch.outer(pos.float(), inv).repeat(1, 2).view(tokens, 1, 1, dim)
+    cu = torch.tensor([0, tokens // 3, 2 * (tokens // 3), tokens], device="cuda", dtype=torch.int32)
+    grad_out = torch.randn_like(t)
+
+    outs = []
+    for fused in (False, True):
+        if fused:
+            fastpaths.install_rope_te()
+        try:
+            x = t.clone().requires_grad_()
+            y = rope.apply_rotary_pos_emb_absolute(x, freqs, config, cu_seqlens=cu)
+            y.backward(grad_out)
+            outs.append((y.detach().float(), x.grad.float()))
+        finally:
+            fastpaths.uninstall()
+    (y0, g0), (y1, g1) = outs
+    # bf16 outputs: both compute in fp32 for the ViT (one rounding); the decoder's unfused path rounds every op
+    tol = {"vit": 1e-2, "decoder": 3e-2}[part]
+    torch.testing.assert_close(y1, y0, rtol=tol, atol=tol)
+    torch.testing.assert_close(g1, g0, rtol=tol, atol=tol)
+    assert (y1 - t.float()).abs().max() > 0.1  # the rotation did something
+
+
+def test_pinned_visual_inputs() -> None:
+    from megatron.bridge.training.utils.visual_inputs import GenericVisualInputs
+    from torch.utils.data._utils.pin_memory import pin_memory
+
+    vi = GenericVisualInputs(pixel_values=torch.randn(64, 1536), image_grid_thw=torch.tensor([[1, 8, 8]]))
+    try:
+        assert not pin_memory(vi).pixel_values.is_pinned()  # Bridge's own object: the loader leaves it pageable
+        fastpaths.install_pin_visual_inputs()
+        pinned = pin_memory(vi)  # what DataLoader(pin_memory=True)'s pin thread calls on each batch value
+    finally:
+        fastpaths.uninstall()
+    assert isinstance(pinned, GenericVisualInputs)
+    assert pinned.pixel_values.is_pinned() and pinned.image_grid_thw.is_pinned()
+    assert pinned.pixel_values_videos is None
+    assert torch.equal(pinned.pixel_values, vi.pixel_values)

@@ -1,0 +1,97 @@
+"""vlmtrain.fastpaths next to the Bridge code they replace: same outputs (CPU parts here, the TE kernel and pinned
+memory in tests/gpu/test_fastpaths_gpu.py), installed only by the kernels options that ask for them."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from vlmtrain import fastpaths
+from vlmtrain.compose import compose
+from vlmtrain.groups import kernels
+
+# (frames, height, width) in 16 px patches, as Qwen3-VL's processor emits them for the realistic data's image sizes
+# (multiples of the 2x2 merge; 196..980 LLM tokens), plus a 2-frame video grid and a square one.
+GRIDS = [[1, 28, 28], [1, 44, 90], [1, 62, 62], [2, 16, 24], [1, 90, 44], [1, 38, 104]]
+
+
+@pytest.fixture
+def vit() -> types.SimpleNamespace:
+    """A stand-in `self` with exactly the attributes the two Qwen3VLVisionModel methods read, at the 30B-A3B ViT's
+    sizes (48 x 48 learned position grid, hidden 1152, 16 heads, 2x2 merge). Bridge's rotary table module
+    allocates on CUDA, so a CPU table with a distinct row per position stands in for it (both sides index it)."""
+    torch.manual_seed(0)
+    pos_embed = torch.nn.Embedding(48 * 48, 1152).to(torch.bfloat16)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, 36, 2, dtype=torch.float32) / 36))
+    return types.SimpleNamespace(
+        num_grid_per_side=48, spatial_merge_size=2, config=types.SimpleNamespace(spatial_merge_size=2),
+        pos_embed=pos_embed, rotary_pos_emb=lambda n: torch.outer(torch.arange(n, dtype=torch.float32), inv_freq),
+    )
+
+
+def test_vit_positions_are_bit_identical_to_bridge(vit: types.SimpleNamespace) -> None:
+    from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.vision_model import Qwen3VLVisionModel
+
+    grid = torch.tensor(GRIDS)
+    for ours, bridge in ((fastpaths.pos_embed_interpolate, Qwen3VLVisionModel.fast_pos_embed_interpolate),
+                         (fastpaths.rot_pos_emb, Qwen3VLVisionModel.rot_pos_emb)):
+        got, want = ours(vit, grid), bridge(vit, grid)
+        assert got.shape == want.shape and got.dtype == want.dtype
+        assert torch.equal(got, want), ours.__name__
+
+
+def test_vit_positions_gradient_matches_bridge(vit: types.SimpleNamespace) -> None:
+    """The position table's gradient: same rows hit with the same weights, so equal up to summation order (in an
+    fp32 table: a bf16 table's gradient rounds each of the thousands of additions per row in either order)."""
+    from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.vision_model import Qwen3VLVisionModel
+
+    vit.pos_embed.float()
+    grid = torch.tensor(GRIDS)
+    grads = []
+    for fn in (fastpaths.pos_embed_interpolate, Qwen3VLVisionModel.fast_pos_embed_interpolate):
+        vit.pos_embed.weight.grad = None
+        out = fn(vit, grid)
+        (out.float() * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
+        grads.append(vit.pos_embed.weight.grad.float())
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-5, atol=1e-5)
+    assert grads[0].abs().sum() > 0
+
+
+def test_install_only_what_the_options_ask_and_uninstall_restores() -> None:
+    from megatron.bridge.models.qwen_vl.modelling_qwen3_vl import rope
+    from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.vision_model import Qwen3VLVisionModel
+    from megatron.bridge.training.utils.visual_inputs import GenericVisualInputs
+
+    originals = (rope.apply_rotary_pos_emb_thd_absolute, Qwen3VLVisionModel.rot_pos_emb)
+    try:
+        assert kernels.install(compose(["kernels=default"])) == []
+        assert rope.apply_rotary_pos_emb_thd_absolute is originals[0]
+        assert not hasattr(GenericVisualInputs, "pin_memory")
+        assert kernels.install(compose(["kernels.vit_positions=vectorized"])) == ["vit_pos_embed", "vit_rot_pos_emb"]
+        assert rope.apply_rotary_pos_emb_thd_absolute is originals[0]
+        assert kernels.install(compose(["kernels=fast"])) == [
+            "pin_visual_inputs", "rope_te", "vit_pos_embed", "vit_rot_pos_emb"]
+        assert rope.apply_rotary_pos_emb_thd_absolute is not originals[0]
+        assert Qwen3VLVisionModel.rot_pos_emb is fastpaths.rot_pos_emb
+        assert GenericVisualInputs.pin_memory is fastpaths.pin_memory
+    finally:
+        fastpaths.uninstall()
+    assert (rope.apply_rotary_pos_emb_thd_absolute, Qwen3VLVisionModel.rot_pos_emb) == originals
+    assert not hasattr(GenericVisualInputs, "pin_memory")
+
+
+def test_rope_falls_back_to_bridge_unless_one_freqs_row_per_token() -> None:
+    """Freqs that are not one row per token (here one row broadcast to all) keep Bridge's unfused path, which runs
+    on CPU; the fused kernel reads row i for token i only."""
+    from megatron.bridge.models.qwen_vl.modelling_qwen3_vl import rope
+
+    unfused = rope.apply_rotary_pos_emb_thd_absolute
+    t = torch.randn(6, 2, 8)
+    freqs = torch.randn(1, 1, 1, 8)
+    try:
+        fastpaths.install_rope_te()
+        assert torch.equal(rope.apply_rotary_pos_emb_thd_absolute(t, None, freqs), unfused(t, None, freqs))
+    finally:
+        fastpaths.uninstall()
