@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import random
 import re
 import statistics
 import subprocess
@@ -79,18 +80,33 @@ def run_direct(run_config: Path, run_dir: Path, gpus: int) -> tuple[int, float]:
     return rc, time.time() - t0
 
 
+def total_ratio_ci95(a_ms: list[float], b_ms: list[float], resamples: int = 2000) -> list[float]:
+    """95 % bootstrap interval of sum(a) / sum(b) over steps drawn with replacement (step i of a and b together:
+    the same samples), seeded so a row recomputes to the same numbers."""
+    rng = random.Random(0)
+    steps = list(zip(a_ms, b_ms, strict=True))
+    draws = sorted(sum(a for a, _ in d) / sum(b for _, b in d)
+                   for d in ([rng.choice(steps) for _ in steps] for _ in range(resamples)))
+    return [draws[int(0.025 * resamples)], draws[int(0.975 * resamples) - 1]]
+
+
 def overhead_metrics(pairs: list[dict[str, Any]]) -> dict[str, Any]:
     """Pooled medians over the pairs' steady steps; per-pair ratios show the spread between pairs. Both sides of a
     pair train the same samples in the same order, so step i of (a) and step i of (b) did the same work:
-    `overhead_ratio_paired` is the median of those per-step ratios (data-dependent step time cancels)."""
+    `overhead_ratio_paired` is the median of those per-step ratios (data-dependent step time cancels), and
+    `overhead_ratio_total` the total time of (a)'s steady steps over (b)'s (what a run costs, as vlmtrain's rates
+    are total work / total time), with a bootstrap 95 % interval over the steps."""
     a_log = [ms for p in pairs for ms in p["vlmtrain_log_ms"]]
     a_met = [ms for p in pairs for ms in p["vlmtrain_metrics_ms"]]
     b_log = [ms for p in pairs for ms in p["direct_log_ms"]]
     paired = [r for p in pairs for r in p["step_ratios"]]
     host = [ms for p in pairs for ms in p.get("vlmtrain_host_ms", [])]
     med = statistics.median
+    same_steps = len(a_log) == len(b_log)  # both sides logged every steady iteration
     return {
         "overhead_ratio": med(a_log) / med(b_log),
+        "overhead_ratio_total": sum(a_log) / sum(b_log) if same_steps else None,
+        "overhead_ratio_total_ci95": total_ratio_ci95(a_log, b_log) if same_steps else None,
         "overhead_ratio_paired": med(paired),
         "paired_ratio_quartiles": statistics.quantiles(paired, n=4) if len(paired) > 1 else paired,
         "overhead_ratio_metrics": med(a_met) / med(b_log) if a_met else None,

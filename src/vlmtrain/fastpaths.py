@@ -145,3 +145,7 @@ def install_pin_visual_inputs() -> None:
     from megatron.bridge.training.utils.visual_inputs import GenericVisualInputs
 
     _replace("pin_visual_inputs", GenericVisualInputs, "pin_memory", pin_memory)
+
+
+INSTALL = {"rope_te": install_rope_te, "vit_positions": install_vit_positions,
+           "pin_visual_inputs": install_pin_visual_inputs}

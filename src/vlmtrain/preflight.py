@@ -226,6 +226,16 @@ def partial_nodes(run: RunConfig, lay: Layout) -> str | None:
 
 
 @rule(Severity.error)
+def profile_step_in_run(run: RunConfig, lay: Layout) -> str | None:
+    step, iters = run.train.profile_step, run.train.iterations
+    if step is not None and not 1 <= step < iters:
+        return (f"train.profile_step={step} is not a step of this run (train.iterations={iters}): Bridge would "
+                f"write no trace. Set 1 <= train.profile_step < train.iterations, after warm-up, e.g. "
+                f"train.profile_step={min(5, max(iters - 1, 1))}.")
+    return None
+
+
+@rule(Severity.error)
 def global_batch_divisible(run: RunConfig, lay: Layout) -> str | None:
     t = run.train
     if t.global_batch_size % (t.micro_batch_size * lay.dp):

@@ -231,6 +231,11 @@ TABLE: list[tuple[list[str], dict[str, object]]] = [
          "env_vars.NVTE_USE_CUTLASS_GROUPED_GEMM": "1"},
     ),
     (
+        ["train.profile_step=5", "train.iterations=8"],
+        {"profiling.use_pytorch_profiler": True, "profiling.profile_step_start": 5, "profiling.profile_step_end": 6,
+         "profiling.profile_ranks": [0], "profiling.pytorch_profiler_collect_callstack": True},
+    ),
+    (
         ["+bridge.model.moe_aux_loss_coeff=0.0", "+bridge.train.manual_gc_interval=7"],
         {"model.moe_aux_loss_coeff": 0.0, "train.manual_gc_interval": 7},
     ),
@@ -306,7 +311,7 @@ SWAPS = [
     ("cuda_graph", ["cuda_graph=none"], ["cuda_graph=moe_router_preprocess"]),
     ("kernels", ["kernels=default"], ["kernels=fast"]),
     ("vision", ["vision=trainable"], ["vision=frozen_with_projector"]),
-    ("train", [], ["train.micro_batch_size=2", "train.iterations=7", "train.save_interval=5"]),
+    ("train", [], ["train.micro_batch_size=2", "train.iterations=7", "train.save_interval=5", "train.profile_step=3"]),
 ]
 
 

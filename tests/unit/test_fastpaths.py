@@ -69,10 +69,11 @@ def test_install_only_what_the_options_ask_and_uninstall_restores() -> None:
         assert kernels.install(compose(["kernels=default"])) == []
         assert rope.apply_rotary_pos_emb_thd_absolute is originals[0]
         assert not hasattr(GenericVisualInputs, "pin_memory")
-        assert kernels.install(compose(["kernels.vit_positions=vectorized"])) == ["vit_pos_embed", "vit_rot_pos_emb"]
+        assert kernels.install(compose(["kernels.vit_positions=vectorized"])) == ["vit_positions"]
+        assert fastpaths.installed() == ["vit_pos_embed", "vit_rot_pos_emb"]
         assert rope.apply_rotary_pos_emb_thd_absolute is originals[0]
-        assert kernels.install(compose(["kernels=fast"])) == [
-            "pin_visual_inputs", "rope_te", "vit_pos_embed", "vit_rot_pos_emb"]
+        assert kernels.install(compose(["kernels=fast"])) == ["rope_te", "vit_positions", "pin_visual_inputs"]
+        assert len(fastpaths.installed()) == 4
         assert rope.apply_rotary_pos_emb_thd_absolute is not originals[0]
         assert Qwen3VLVisionModel.rot_pos_emb is fastpaths.rot_pos_emb
         assert GenericVisualInputs.pin_memory is fastpaths.pin_memory
@@ -95,3 +96,12 @@ def test_rope_falls_back_to_bridge_unless_one_freqs_row_per_token() -> None:
         assert torch.equal(rope.apply_rotary_pos_emb_thd_absolute(t, None, freqs), unfused(t, None, freqs))
     finally:
         fastpaths.uninstall()
+
+
+def test_plan_names_the_replaced_code() -> None:
+    from vlmtrain import plan
+
+    code = [line for line in plan.render(compose(["kernels=fast"]), None, [], "-").splitlines()
+            if line.startswith("code:")]
+    assert code and code[0].endswith("rope_te, vit_positions, pin_visual_inputs")
+    assert "code:" not in plan.render(compose(["kernels=default"]), None, [], "-")

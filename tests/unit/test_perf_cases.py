@@ -162,6 +162,11 @@ def test_overhead_ratio_from_real_logs() -> None:
     assert m["overhead_ratio"] == pytest.approx(
         statistics.median(pair["vlmtrain_log_ms"]) / statistics.median(pair["direct_log_ms"]))
     assert m["overhead_ratio"] > 1.2  # FSDP's 4-layer step is slower than 3D's in these runs
+    a, b = pair["vlmtrain_log_ms"], pair["direct_log_ms"]
+    assert m["overhead_ratio_total"] == pytest.approx(sum(a) / sum(b))
+    lo, hi = m["overhead_ratio_total_ci95"]
+    assert min(x / y for x, y in zip(a, b, strict=True)) <= lo <= m["overhead_ratio_total"] <= hi
+    assert m["overhead_ratio_total_ci95"] == overhead.overhead_metrics([pair, pair])["overhead_ratio_total_ci95"]
     assert m["overhead_ratio_metrics"] == pytest.approx(m["overhead_ratio"], rel=0.02)
     assert m["pair_ratios"] == [m["overhead_ratio"]] * 2 and m["pairs"] == 2
     # per-iteration pairing: (a) and (b) of one iteration trained the same samples

@@ -1,26 +1,27 @@
-"""benchmarks/profile_step.py's trace summary on a slice of a real H200 trace (Bridge's PyTorch profiler, Python call
-stacks on): 64 ms of the issue-9 best case around one call of Bridge's ViT position-embedding interpolation."""
+"""vlmtrain.report.profile (what `vlmtrain profile` and benchmarks/profile_step.py print) on a slice of a real H200
+trace (Bridge's PyTorch profiler with call stacks, train.profile_step): 64 ms of the issue-9 kernels-sweep best case
+around one call of Bridge's ViT position-embedding interpolation."""
 
 from __future__ import annotations
 
-import sys
+import json
+import shutil
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import profile_step  # noqa: E402  (benchmarks/ is scripts, not a package)
+from vlmtrain import cli
+from vlmtrain.report import profile
 
-SLICE = ROOT / "tests" / "fixtures" / "profile_slice.json.gz"
+SLICE = Path(__file__).resolve().parents[1] / "fixtures" / "profile_slice.json.gz"
 
 
 def test_union_of_overlapping_kernels_and_gaps() -> None:
-    busy, gaps = profile_step.union_ms([(0, 1000), (500, 1500), (3000, 4000), (3500, 3600)])
+    busy, gaps = profile.union_ms([(0, 1000), (500, 1500), (3000, 4000), (3500, 3600)])
     assert busy == 2.5 and gaps == [(1500, 3000)]
 
 
 def test_idle_gpu_is_attributed_to_the_host_code_that_held_it() -> None:
-    trace = profile_step.read_trace(SLICE)
-    s = profile_step.summarize_trace(trace)
+    trace = profile.read_trace(SLICE)
+    s = profile.summarize_trace(trace)
     kernels = [e for e in trace["traceEvents"] if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
     assert abs(sum(s["kernel_ms_by_family"].values()) - sum(e["dur"] for e in kernels) / 1e3) < 0.1
     assert s["gpu_busy_ms"] + s["idle_gaps_ms"] <= s["window_ms"] + 1e-6
@@ -28,4 +29,16 @@ def test_idle_gpu_is_attributed_to_the_host_code_that_held_it() -> None:
     top_site, top_ms = next(iter(s["idle_ms_by_python_site"].items()))
     assert "fast_pos_embed_interpolate" in top_site and top_ms > 0.8 * s["idle_gaps_ms"]  # ... on this host loop
     # every site names model code, not the loop/thread plumbing every stack shares
-    assert not any(profile_step.GENERIC.search(site.split(" < ")[0]) for site in s["kernel_ms_by_python_site"])
+    assert not any(profile.GENERIC.search(site.split(" < ")[0]) for site in s["kernel_ms_by_python_site"])
+
+
+def test_cli_summarizes_a_run_dir(tmp_path: Path, capsys) -> None:
+    assert cli.main(["profile", str(tmp_path)]) == 2
+    assert "train.profile_step" in capsys.readouterr().out
+    (tmp_path / profile.TRACE).parent.mkdir()
+    shutil.copy(SLICE, tmp_path / profile.TRACE)
+    assert cli.main(["profile", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("[profile] window") and "fast_pos_embed_interpolate" in out
+    written = json.loads((tmp_path / "torch_profile" / "profile_summary.json").read_text())
+    assert written["idle_gaps"] > 0 and written == profile.summarize_trace(profile.read_trace(SLICE))

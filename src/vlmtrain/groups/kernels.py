@@ -80,15 +80,19 @@ def apply(run: RunConfig, cfg: ConfigContainer) -> None:
     cfg.model.cross_entropy_fusion_impl = str(run.kernels.cross_entropy)
 
 
+def replacements(run: RunConfig) -> list[str]:
+    """The vlmtrain.fastpaths this run puts in place of Bridge code (shown in the dry-run plan)."""
+    k = run.kernels
+    chosen = {"rope_te": k.rope == Rope.te, "vit_positions": k.vit_positions == VitPositions.vectorized,
+              "pin_visual_inputs": k.pin_visual_inputs}
+    return [name for name, on in chosen.items() if on]
+
+
 def install(run: RunConfig) -> list[str]:
-    """Put the chosen code paths in place in this (training) process; returns what was installed."""
+    """Put the chosen code paths in place in this (training) process; returns their names."""
     from vlmtrain import fastpaths
 
-    k = run.kernels
-    if k.rope == Rope.te:
-        fastpaths.install_rope_te()
-    if k.vit_positions == VitPositions.vectorized:
-        fastpaths.install_vit_positions()
-    if k.pin_visual_inputs:
-        fastpaths.install_pin_visual_inputs()
-    return fastpaths.installed()
+    names = replacements(run)
+    for name in names:
+        fastpaths.INSTALL[name]()
+    return names

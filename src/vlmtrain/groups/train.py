@@ -8,6 +8,7 @@
 | iterations         | train.train_iters, scheduler.lr_decay_iters          |
 | lr / min_lr        | optimizer.lr / optimizer.min_lr (cosine, warmup)     |
 | save_interval      | checkpoint.save, .load (checkpoint_dir), .save_interval |
+| profile_step       | profiling (PyTorch profiler), logger.tensorboard_dir  |
 
 Any other Bridge field: `+bridge.<section>.<field>=<value>` (applied through Bridge's own override parser,
 which rejects unknown fields).
@@ -38,6 +39,8 @@ OWNS = frozenset(
         "checkpoint.load",
         "checkpoint.save_interval",
         "logger.log_interval",
+        "profiling",
+        "logger.tensorboard_dir",
     }
 )
 
@@ -58,6 +61,10 @@ class TrainConfig:
     """Checkpoint every N steps into checkpoint_dir; a relaunch with an existing checkpoint resumes. null = never."""
     checkpoint_dir: str | None = None
     """null = checkpoints/<the command's overrides>, so relaunching the same command resumes the same run."""
+    profile_step: int | None = None
+    """Run Bridge's PyTorch profiler on this iteration (rank 0, Python call stacks): the trace lands in
+    <run dir>/torch_profile/ and `vlmtrain profile <run dir>` says where that step's GPU and idle time went. The
+    profiled step runs slower (tracing, then writing the trace). null = no profiler."""
 
 
 def apply(run: RunConfig, cfg: ConfigContainer) -> None:
@@ -76,3 +83,12 @@ def apply(run: RunConfig, cfg: ConfigContainer) -> None:
     cfg.checkpoint.load = ckpt
     cfg.checkpoint.save_interval = t.save_interval
     cfg.logger.log_interval = t.log_interval
+    cfg.profiling, cfg.logger.tensorboard_dir = None, None
+    if t.profile_step is not None:
+        from megatron.bridge.training.config import ProfilingConfig
+
+        # Bridge writes the trace to <tensorboard_dir>/../torch_profile (and TensorBoard scalars to the dir)
+        cfg.logger.tensorboard_dir = f"{run.output_dir}/tensorboard"
+        cfg.profiling = ProfilingConfig(use_pytorch_profiler=True, profile_step_start=t.profile_step,
+                                        profile_step_end=t.profile_step + 1, profile_ranks=[0],
+                                        pytorch_profiler_collect_callstack=True)
