@@ -228,10 +228,12 @@ def partial_nodes(run: RunConfig, lay: Layout) -> str | None:
 @rule(Severity.error)
 def profile_step_in_run(run: RunConfig, lay: Layout) -> str | None:
     step, iters = run.train.profile_step, run.train.iterations
-    if step is not None and not 1 <= step < iters:
-        return (f"train.profile_step={step} is not a step of this run (train.iterations={iters}): Bridge would "
-                f"write no trace. Set 1 <= train.profile_step < train.iterations, after warm-up, e.g. "
-                f"train.profile_step={min(5, max(iters - 1, 1))}.")
+    # Bridge starts recording at profile_step and writes the trace when the loop reaches profile_step + 1, so one
+    # more iteration must follow (benchmarks/profile_step.py's proven setting: step 5 of 7)
+    if step is not None and not 1 <= step <= iters - 2:
+        return (f"train.profile_step={step} leaves no room in this run (train.iterations={iters}): Bridge would "
+                f"write no trace. Set 1 <= train.profile_step <= train.iterations - 2, after warm-up, e.g. "
+                f"train.profile_step={min(5, max(iters - 2, 1))} (or more train.iterations).")
     return None
 
 

@@ -38,7 +38,7 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     "world_layout": (["gpus_per_node=16"], ["gpus_per_node=8"]),
     "partial_nodes": (["nodes=2", "gpus_per_node=4"], ["nodes=2", "train.global_batch_size=16"]),
     "global_batch_divisible": (["train.global_batch_size=12"], ["train.global_batch_size=16"]),
-    "profile_step_in_run": (["train.profile_step=20"], ["train.profile_step=5"]),
+    "profile_step_in_run": (["train.profile_step=19"], ["train.profile_step=18"]),
     "context_parallel_seq": (
         ["parallelism=3d", "parallelism.cp=2", "train.seq_length=4098"],
         ["parallelism=3d", "parallelism.cp=2", "train.seq_length=4096"],
