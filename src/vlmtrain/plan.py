@@ -30,6 +30,9 @@ def field_value(cfg: Any, path: str) -> Any:
     if path == "dataset":
         return (f"{type(obj).__name__}(pad_to_max_length={getattr(obj, 'pad_to_max_length', None)}, "
                 f"enable_in_batch_packing={getattr(obj, 'enable_in_batch_packing', None)})")
+    if path == "profiling" and obj is not None:
+        return (f"{type(obj).__name__}(pytorch={obj.use_pytorch_profiler}, steps {obj.profile_step_start}-"
+                f"{obj.profile_step_end}, ranks={obj.profile_ranks})")
     if isinstance(obj, list):
         return [getattr(x, "name", x) for x in obj]
     return obj
