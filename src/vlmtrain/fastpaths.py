@@ -4,7 +4,8 @@
 
 - rope_te: Bridge rotates q and k of packed (THD) rows, in the ViT and the decoder, with Megatron's unfused
   `_apply_rotary_pos_emb_bshd` (cos, sin, two multiplies, a chunk/cat rotate-half and an add; the ViT does it in
-  fp32): ~10 % of the profiled step's GPU time, forward and backward. Bridge's freqs there are absolute, one row per
+  fp32): 249 ms of forward kernels in the profiled step, 8 % of the GPU's busy time; the backward of those ops runs
+  outside Python frames, so the profile cannot name its share. Bridge's freqs there are absolute, one row per
   token ([t, 1, 1, d]), which is exactly what TE's fused kernel applies to an sbhd tensor with s = t and b = 1.
   TE computes in fp32 and rounds once (the ViT path did the same; the decoder's bf16 path rounded each op).
 - vit_positions: `Qwen3VLVisionModel.fast_pos_embed_interpolate` builds Python lists of 4 indices and 4 weights per
