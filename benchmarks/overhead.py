@@ -1,22 +1,34 @@
 """Issue 9.3: what vlmtrain costs on top of Megatron Bridge, measured on the same node in one session.
 
-    python benchmarks/overhead.py [--case SUBSTR] [--pairs 2] [--iterations 8]
+    python benchmarks/overhead.py [--case SUBSTR] [--pairs 2] [--iterations 20]
+    python benchmarks/overhead.py --case SUBSTR --pool K   # one row from the pairs of the last K rows of the case
+    python benchmarks/overhead.py --case SUBSTR --pairs 1 --extra train.profile_step=6   # both sides profiled
     python benchmarks/overhead.py --dry-run        # CPU: build + Bridge validation of the direct side
 
 Alternating pairs of (a) `python train.py <case>` and (b) torchrun of benchmarks/direct_pretrain.py: Bridge's
-pretrain() on the IDENTICAL ConfigContainer (built by vlmtrain.build from (a)'s saved run_config.yaml), with
+pretrain() on the IDENTICAL ConfigContainer (built by vlmtrain.build from (a)'s saved run_config.yaml; only its
+output paths differ, see below), with
 Bridge's forward step for the data (vlmtrain.groups.data.forward_step) and no vlmtrain callbacks. Both step times
 come from Bridge's own log line ("elapsed time per iteration (ms)", log_interval=1), so the ratio is like for
 like; (a)'s metrics.jsonl step_s gives a second ratio. Post-warm-up steps (iteration > skip) of all pairs are
-pooled; medians, and the median of per-step ratios (both sides train the same samples in the same order). One
-row `overhead_<case>` goes to results/perf_h200x2.jsonl; with --iterations 8 (perf_h200x2's), pair 0's (a) run
+pooled; medians, and the median of per-step ratios (both sides train the same samples in the same order). Rows
+`overhead_<case>` go to results/perf_h200x2.jsonl; with --iterations 8 (perf_h200x2's), pair 0's (a) run
 is also recorded there as the case's own row (it is exactly `perf_h200x2.py`'s run of that case).
+
+(b) runs in its own directory: its run_config.yaml is (a)'s with only `output_dir` changed, so what Bridge writes
+there (with --extra train.profile_step=N: the profiler's trace, summarized per side into the pair's `profile`) does
+not land in (a)'s. Pairs alternate their order (a b, b a, a b, ...) so that a drift over the session (clocks,
+heat) does not land on one side. Runs of one case differ by a few % from run to run, more than steps average out
+within a run, so the interval that decides a 1 % bound is the one over pairs (`overhead_ratio_pairs_ci95`). Each
+pair is written as its own row when it ends and the invocation's pairs as a pooled row; one device command holds
+two pairs of the best case, so --pool joins the rows of several invocations on one machine.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import random
 import re
@@ -64,20 +76,49 @@ def direct_command(run_config: Path, gpus: int, port: str) -> list[str]:
             "--master-port", port, str(Path(direct_pretrain.__file__).resolve()), str(run_config)]
 
 
-def run_direct(run_config: Path, run_dir: Path, gpus: int) -> tuple[int, float]:
-    """(b): the env vlmtrain.launch.local gives its ranks (hardware group's vars unless set) on the same GPUs."""
+def direct_run_config(source: Path, run_dir: Path) -> Path:
+    """(a)'s saved run config with `output_dir` = (b)'s run dir, written there (secrets stay `${oc.env:...}`)."""
+    from omegaconf import OmegaConf
+
+    tree = OmegaConf.load(source)
+    tree.output_dir = str(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(tree, run_dir / "run_config.yaml")
+    return run_dir / "run_config.yaml"
+
+
+def run_direct(source: Path, run_dir: Path, gpus: int) -> tuple[int, float]:
+    """(b) on (a)'s run config (direct_run_config), with the env vlmtrain.launch.local gives its ranks (hardware
+    group's vars unless set), on the same GPUs."""
     from vlmtrain.groups import hardware
 
+    run_config = direct_run_config(source, run_dir)
     run = direct_pretrain.load(run_config)
     env = dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(map(str, range(gpus))), MASTER_PORT="29500")
     env.update({k: v for k, v in hardware.runtime_env(run).items() if k not in os.environ})
     env.setdefault("PYTHONUNBUFFERED", "1")
-    run_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     with (run_dir / "train.log").open("w") as log:
         rc = subprocess.call(direct_command(run_config, gpus, env["MASTER_PORT"]), stdout=log,
                              stderr=subprocess.STDOUT, env=env)
     return rc, time.time() - t0
+
+
+# 97.5 % quantiles of Student's t by degrees of freedom (scipy.stats.t.ppf(0.975, df), as a table so that the GPU
+# side needs no scipy); beyond 15 the value at 15 (a slightly wider interval)
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+        11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131}
+
+
+def pairs_ci95(ratios: list[float]) -> list[float] | None:
+    """95 % t interval of the typical pair ratio (geometric mean, so a ratio and its inverse weigh the same): pairs
+    are the independent repeats, steps within a run are not."""
+    if len(ratios) < 2:
+        return None
+    logs = [math.log(r) for r in ratios]
+    half = T975[min(len(logs) - 1, max(T975))] * statistics.stdev(logs) / math.sqrt(len(logs))
+    mid = statistics.fmean(logs)
+    return [math.exp(mid - half), math.exp(mid + half)]
 
 
 def total_ratio_ci95(a_ms: list[float], b_ms: list[float], resamples: int = 2000) -> list[float]:
@@ -95,7 +136,8 @@ def overhead_metrics(pairs: list[dict[str, Any]]) -> dict[str, Any]:
     pair train the same samples in the same order, so step i of (a) and step i of (b) did the same work:
     `overhead_ratio_paired` is the median of those per-step ratios (data-dependent step time cancels), and
     `overhead_ratio_total` the total time of (a)'s steady steps over (b)'s (what a run costs, as vlmtrain's rates
-    are total work / total time), with a bootstrap 95 % interval over the steps."""
+    are total work / total time), with a bootstrap 95 % interval over the steps; `pair_total_ratios` the same per
+    pair, and `overhead_ratio_pairs` their geometric mean with its t interval over pairs."""
     a_log = [ms for p in pairs for ms in p["vlmtrain_log_ms"]]
     a_met = [ms for p in pairs for ms in p["vlmtrain_metrics_ms"]]
     b_log = [ms for p in pairs for ms in p["direct_log_ms"]]
@@ -103,6 +145,7 @@ def overhead_metrics(pairs: list[dict[str, Any]]) -> dict[str, Any]:
     host = [ms for p in pairs for ms in p.get("vlmtrain_host_ms", [])]
     med = statistics.median
     same_steps = len(a_log) == len(b_log)  # both sides logged every steady iteration
+    per_pair = [sum(p["vlmtrain_log_ms"]) / sum(p["direct_log_ms"]) for p in pairs]
     return {
         "overhead_ratio": med(a_log) / med(b_log),
         "overhead_ratio_total": sum(a_log) / sum(b_log) if same_steps else None,
@@ -118,17 +161,31 @@ def overhead_metrics(pairs: list[dict[str, Any]]) -> dict[str, Any]:
         "vlmtrain_step_ms_metrics": med(a_met) if a_met else None,
         "direct_step_ms_bridge_log": med(b_log),
         "pair_ratios": [med(p["vlmtrain_log_ms"]) / med(p["direct_log_ms"]) for p in pairs],
+        "pair_total_ratios": per_pair,
+        "overhead_ratio_pairs": statistics.geometric_mean(per_pair),
+        "overhead_ratio_pairs_ci95": pairs_ci95(per_pair),
+        "pair_orders": [p.get("order", "vlmtrain,direct") for p in pairs],
         "pairs": len(pairs),
         "steady_steps_per_run": min(len(p["direct_log_ms"]) for p in pairs),
-        "vlmtrain_wall_s": med(p["vlmtrain_wall_s"] for p in pairs),
-        "direct_wall_s": med(p["direct_wall_s"] for p in pairs),
+        **{f"{side}_wall_s": med(walls) if (walls := [p[f"{side}_wall_s"] for p in pairs
+                                                       if p[f"{side}_wall_s"] is not None]) else None
+           for side in ("vlmtrain", "direct")},
     }
 
 
-def pair_record(a_dir: Path, b_dir: Path, a_wall: float, b_wall: float, skip: int = SKIP) -> dict[str, Any]:
+# what a pair keeps of each side's profile summary (the whole summary is profile_summary.json in its run dir)
+PROFILE_KEYS = ("window_ms", "gpu_busy_ms", "idle_gaps_ms", "kernel_ms_by_family", "idle_ms_by_python_site")
+
+
+def pair_record(a_dir: Path, b_dir: Path, a_wall: float, b_wall: float, skip: int = SKIP,
+                order: str = "vlmtrain,direct") -> dict[str, Any]:
     """One pair's steady step times, from the files the two runs left behind, and (a)/(b) of each iteration both
-    logged."""
+    logged; `order` says which ran first; `profile`: each side's profiled step where the runs traced one."""
+    from vlmtrain.report import profile
+
     a_ms, b_ms = (bridge_step_ms((d / "train.log").read_text()) for d in (a_dir, b_dir))
+    traced = {side: profile.summarize(d) for side, d in (("vlmtrain", a_dir), ("direct", b_dir))
+              if (d / profile.TRACE).exists()}
     return {
         "vlmtrain_log_ms": steady(a_ms, skip),
         "step_ratios": [a_ms[it] / b_ms[it] for it in sorted(a_ms.keys() & b_ms.keys()) if it > skip],
@@ -137,6 +194,9 @@ def pair_record(a_dir: Path, b_dir: Path, a_wall: float, b_wall: float, skip: in
         "direct_log_ms": steady(b_ms, skip),
         "vlmtrain_wall_s": round(a_wall, 1),
         "direct_wall_s": round(b_wall, 1),
+        "order": order,
+        **({"profile": {side: {k: v for k, v in sm.items() if k in PROFILE_KEYS} for side, sm in traced.items()}}
+           if traced else {}),
     }
 
 
@@ -149,15 +209,61 @@ def pick(name: str, iterations: int) -> Case:
 
 
 def dry_run(case: Case, out: Path) -> int:
-    """CPU check of side (b): save the run config as launch.local would, then load/build/validate it."""
+    """CPU check of side (b): save the run config as launch.local would, derive (b)'s, then load/build/validate."""
     from vlmtrain import launch
     from vlmtrain.compose import compose
 
     run = compose(run_cases.overrides(case), output_dir=str(out / "vlmtrain"))
-    run_config = launch.save_run_config(run)
+    run_config = direct_run_config(launch.save_run_config(run), out / "direct")
     print("(a)", " ".join(run_cases.command(case, out / "pairN_vlmtrain")))
     print("(b)", " ".join(direct_command(run_config, case.gpus, "29500")))
     return direct_pretrain.main([str(run_config), "--dry-run"])
+
+
+def run_pair(case: Case, i: int, args: argparse.Namespace) -> dict[str, Any] | None:
+    """Pair i: (a) then (b) for even i, (b) then (a) for odd i; (b) runs on pair 0's (a) run config (the same
+    overrides composed once; pair 0 runs (a) first). None (with the failing log's tail on stderr) when a run fails."""
+    a_case = dataclasses.replace(case, name=f"pair{i}_vlmtrain")
+    b_dir = args.out / f"pair{i}_direct"
+    source = args.out / "pair0_vlmtrain" / "run_config.yaml"
+    order = "direct,vlmtrain" if i % 2 else "vlmtrain,direct"
+    walls: dict[str, float] = {}
+    for side in order.split(","):
+        if side == "vlmtrain":
+            [(_, rc, a_dir, walls[side])] = run_cases.run_batch([a_case], args.out, case.gpus)
+            log = a_dir / "train.log"
+            if not rc and i == 0 and args.iterations == perf_h200x2.ITERATIONS and not args.extra:
+                run_cases.record(case, rc, a_dir, walls[side], args.results, config=run_cases.overrides(case),
+                                 runner=f"python benchmarks/overhead.py --case {case.name} (pair 0, vlmtrain side)")
+        else:
+            rc, walls[side] = run_direct(source, b_dir, case.gpus)
+            log = b_dir / "train.log"
+        if rc:
+            print(log.read_text()[-4000:], file=sys.stderr)
+            return None
+    pair = pair_record(a_dir, b_dir, walls["vlmtrain"], walls["direct"], args.skip, order)
+    if not (pair["vlmtrain_log_ms"] and pair["direct_log_ms"]):
+        print(f"[overhead] pair {i}: no Bridge step line after iteration {args.skip} in {a_dir} or {b_dir}",
+              file=sys.stderr)
+        return None
+    return pair
+
+
+def pool(name: str, k: int, results_path: Path, command: str) -> dict[str, Any]:
+    """One row from the pairs of the last k rows named `name` (invocations of one session on one machine: same
+    date, machine and config, else refused), so a session split into device commands gives one measurement."""
+    from vlmtrain import results
+
+    rows = [r for r in results.read_jsonl(results_path) if r["name"] == name and "pairs_detail" in r
+            and "pooled" not in r][-k:]
+    if len(rows) < k or len({(r["date"], r["machine"], str(r.get("config"))) for r in rows}) != 1:
+        raise SystemExit(f"--pool {k}: need {k} rows of {name} from one date, machine and config in "
+                         f"{results_path}, found {[(r['date'], r['machine']) for r in rows]}")
+    pairs = [p for r in rows for p in r["pairs_detail"]]
+    row = dict(rows[-1], command=command, metrics=overhead_metrics(pairs), pairs_detail=pairs,
+               pooled=[r["command"] for r in rows])
+    results.append_jsonl(results_path, row)
+    return row
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -166,43 +272,40 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pairs", type=int, default=2)
     ap.add_argument("--iterations", type=int, default=ITERATIONS)
     ap.add_argument("--skip", type=int, default=SKIP, help="warm-up iterations left out")
+    ap.add_argument("--extra", nargs="*", default=[], help="overrides added to the case on both sides; they name "
+                    "the row apart (e.g. train.profile_step=6: both sides trace that step)")
+    ap.add_argument("--pool", type=int, metavar="K", help="no runs: pool the pairs of the case's last K rows")
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--results", type=Path, default=perf_h200x2.RESULTS)
     ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "overhead" / time.strftime("%Y%m%d-%H%M%S"))
     args = ap.parse_args(argv)
     case = pick(args.case, args.iterations)
+    cmd = f"python benchmarks/overhead.py --case {case.name}"
+    if args.extra:
+        cmd += " --extra " + " ".join(args.extra)
+        case = dataclasses.replace(case, name="+".join([case.name, *args.extra]),
+                                   overrides=[*case.overrides, *args.extra])
+    name = f"overhead_{case.name}"
+    if args.pool:
+        print(f"[overhead] {pool(name, args.pool, args.results, f'{cmd} --pool {args.pool}')['metrics']}")
+        return 0
     print(f"[overhead] {case.name}: {args.pairs} pair(s) of {args.iterations} iterations, skip {args.skip}")
     if args.dry_run:
         return dry_run(case, args.out)
-    pairs = []
-    for i in range(args.pairs):
-        [(_, rc, a_dir, a_wall)] = run_cases.run_batch([dataclasses.replace(case, name=f"pair{i}_vlmtrain")],
-                                                       args.out, case.gpus)
-        if rc:
-            print((a_dir / "train.log").read_text()[-4000:], file=sys.stderr)
-            return 1
-        if i == 0 and args.iterations == perf_h200x2.ITERATIONS:
-            run_cases.record(case, rc, a_dir, a_wall, args.results, config=run_cases.overrides(case),
-                             runner=f"python benchmarks/overhead.py --case {case.name} (pair 0, vlmtrain side)")
-        b_dir = args.out / f"pair{i}_direct"
-        rc, b_wall = run_direct(a_dir / "run_config.yaml", b_dir, case.gpus)
-        if rc:
-            print((b_dir / "train.log").read_text()[-4000:], file=sys.stderr)
-            return 1
-        pairs.append(pair_record(a_dir, b_dir, a_wall, b_wall, args.skip))
-        if not (pairs[-1]["vlmtrain_log_ms"] and pairs[-1]["direct_log_ms"]):
-            print(f"[overhead] pair {i}: no Bridge step line after iteration {args.skip} in {a_dir} or {b_dir}",
-                  file=sys.stderr)
-            return 1
-        print(f"[overhead] pair {i}: {overhead_metrics(pairs[-1:])}", flush=True)
     from vlmtrain import results
 
-    metrics = overhead_metrics(pairs)
-    cmd = f"python benchmarks/overhead.py --case {case.name} --pairs {args.pairs} --iterations {args.iterations}"
-    results.append(args.results, f"overhead_{case.name}", cmd, metrics, config=run_cases.overrides(case),
-                   direct=" ".join(direct_command(Path("<run dir>/run_config.yaml"), case.gpus, "29500")),
-                   pairs_detail=pairs)
-    print(f"[overhead] {metrics}")
+    cmd += f" --pairs {args.pairs} --iterations {args.iterations}"
+    for i in range(args.pairs):
+        pair = run_pair(case, i, args)
+        if pair is None:
+            return 1
+        # one row per pair as it finishes (a command cut short keeps its pairs); the last one pools them
+        results.append(args.results, name, f"{cmd} (pair {i})", overhead_metrics([pair]),
+                       config=run_cases.overrides(case),
+                       direct=" ".join(direct_command(Path("<run dir>/run_config.yaml"), case.gpus, "29500")),
+                       pairs_detail=[pair])
+        print(f"[overhead] pair {i} ({pair['order']}): {overhead_metrics([pair])}", flush=True)
+    print(f"[overhead] {pool(name, args.pairs, args.results, cmd)['metrics']}")
     return 0
 
 

@@ -16,6 +16,7 @@ from vlmtrain.compose import compose
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import direct_pretrain  # noqa: E402
 import overhead  # noqa: E402
 import perf_h200x2 as perf  # noqa: E402
 import run_cases  # noqa: E402
@@ -177,6 +178,71 @@ def test_overhead_ratio_from_real_logs() -> None:
     assert m["vlmtrain_host_ms"] is None  # these run files predate the vlmtrain_host_s metric
     same = overhead.overhead_metrics([overhead.pair_record(FSDP_EP2, FSDP_EP2, 1.0, 1.0)])
     assert same["overhead_ratio"] == 1.0 and same["overhead_ratio_paired"] == 1.0
+
+
+def test_pair_interval_and_order() -> None:
+    """The interval over pairs is Student's t on log ratios (the table checked against scipy), symmetric for a
+    ratio and its inverse, and wider than the spread of steps when pairs disagree."""
+    from scipy import stats
+
+    for df, t in overhead.T975.items():
+        assert t == pytest.approx(stats.t.ppf(0.975, df), abs=1e-3), df
+    lo, hi = overhead.pairs_ci95([0.96, 1.04])
+    assert lo < statistics.geometric_mean([0.96, 1.04]) < hi and lo < 0.75 and hi > 1.3  # two pairs: t = 12.7
+    assert overhead.pairs_ci95([1 / 0.96, 1 / 1.04]) == pytest.approx([1 / hi, 1 / lo])
+    assert overhead.pairs_ci95([1.0]) is None
+    ab = overhead.pair_record(FSDP_EP2, THREE_D_EP2, 1.0, 1.0)
+    ba = overhead.pair_record(FSDP_EP2, THREE_D_EP2, 1.0, 1.0, order="direct,vlmtrain")
+    m = overhead.overhead_metrics([ab, ba])
+    assert m["pair_orders"] == ["vlmtrain,direct", "direct,vlmtrain"]
+    assert m["pair_total_ratios"] == [m["overhead_ratio_total"]] * 2 == [m["overhead_ratio_pairs"]] * 2
+    assert m["overhead_ratio_pairs_ci95"] == pytest.approx([m["overhead_ratio_pairs"]] * 2)  # identical pairs
+
+
+def test_pool_joins_one_sessions_rows(tmp_path: Path) -> None:
+    """--pool K: the pairs of the last K rows of a case become one row; rows of another date, or an earlier pooled
+    row, are not pooled again."""
+    from vlmtrain import results
+
+    case = overhead.pick(perf.BEST.name(), 20)
+    name, path = f"overhead_{case.name}", tmp_path / "perf.jsonl"
+    pairs = [overhead.pair_record(FSDP_EP2, THREE_D_EP2, 1.0, 1.0),
+             overhead.pair_record(THREE_D_EP2, FSDP_EP2, 1.0, 1.0, order="direct,vlmtrain")]
+    for pair in pairs:
+        results.append(path, name, "cmd", overhead.overhead_metrics([pair]), config=["a"], pairs_detail=[pair])
+    row = overhead.pool(name, 2, path, "pool cmd")
+    assert row["pairs_detail"] == pairs and row["metrics"] == overhead.overhead_metrics(pairs)
+    assert row["metrics"]["pairs"] == 2 and row["pooled"] == ["cmd", "cmd"] and row["command"] == "pool cmd"
+    lo, hi = row["metrics"]["overhead_ratio_pairs_ci95"]
+    assert lo < 1 < hi  # one pair each way round: the interval holds both
+    assert overhead.pool(name, 2, path, "again")["pairs_detail"] == pairs  # a pooled row is not pooled again
+    with pytest.raises(SystemExit, match="need 3 rows"):
+        overhead.pool(name, 3, path, "cmd")
+    first = json.loads(path.read_text().splitlines()[0])
+    for other in ({"date": "2026-01-01"}, {"config": ["b"]}):
+        results.append_jsonl(path, first | other)
+        with pytest.raises(SystemExit, match="one date, machine and config"):
+            overhead.pool(name, 2, path, "cmd")
+
+
+def test_direct_side_gets_its_own_run_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--extra reaches both sides and names the row apart; (b)'s run config is (a)'s with only output_dir changed,
+    so a profiled pair writes two traces (Bridge builds and validates (b)'s ConfigContainer on CPU here)."""
+    from megatron.bridge.training.config import ProfilingConfig
+    from omegaconf import OmegaConf
+
+    from vlmtrain import build
+
+    assert overhead.main(["--case", perf.BEST.name(), "--extra", "train.profile_step=6", "--dry-run",
+                          "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"{perf.BEST.name()}+train.profile_step=6" in out and "validated by Bridge" in out
+    a, b = (OmegaConf.to_container(OmegaConf.load(tmp_path / d / "run_config.yaml")) for d in ("vlmtrain", "direct"))
+    assert a.pop("output_dir") == str(tmp_path / "vlmtrain") and b.pop("output_dir") == str(tmp_path / "direct")
+    assert a == b and a["train"]["profile_step"] == 6
+    cfgs = [build.build(direct_pretrain.load(tmp_path / d / "run_config.yaml")) for d in ("vlmtrain", "direct")]
+    assert [c.logger.tensorboard_dir for c in cfgs] == [f"{tmp_path}/{d}/tensorboard" for d in ("vlmtrain", "direct")]
+    assert isinstance(cfgs[1].profiling, ProfilingConfig) and cfgs[0].profiling == cfgs[1].profiling
 
 
 def test_real_vs_mock_row_and_skip_done(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
