@@ -134,9 +134,9 @@ class MetricsCallback(Callback):
         dist.all_reduce(peak, op=dist.ReduceOp.MAX)
         batch_size, stats = bridge_step_stats(context)
         peak_gib, step_s, *timed = peak.tolist()
-        # This rank's host time in vlmtrain's per-step code outside Bridge's step (counting the batches, this
-        # callback up to here): what vlmtrain adds to every step besides its hooks' CUDA events.
-        host_s = self.counters.host_s + time.perf_counter() - t_end
+        # This rank's host time in vlmtrain's per-step code (counting the batches, the step timer's hooks and CUDA
+        # event marks, this callback up to here): what vlmtrain adds to every step on the host.
+        host_s = self.counters.host_s + self.counters.timer.host_s + time.perf_counter() - t_end
         self.counters.reset()
         if not self._is_writer():
             return

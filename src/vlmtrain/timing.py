@@ -20,6 +20,8 @@ passed while the host was inside next(); `data_host_s` is the host time inside n
 Everything in no named component (gradient reduce and all-gather waits, pipeline send/recv, the loss, the text
 embedding and MRoPE index, Bridge's bookkeeping) is `time_other_s` = step_s - sum(named), so the components add up
 to step_s by construction; `component_coverage` = sum(named) / step_s.
+The timer's own host time (its hooks, the events it records) is counted per step too (`StepTimer.host_s`, part of
+metrics.jsonl `vlmtrain_host_s`), so what timing costs is measured, not assumed.
 """
 
 from __future__ import annotations
@@ -163,7 +165,17 @@ class StepTimer:
         self.elapsed = elapsed
         self.handles: list[Any] = []
         self.data_host_s = 0.0
+        self.host_s = 0.0  # this step's host time inside the hooks and marks: part of vlmtrain_host_s
         self._end_queued = False
+
+    @contextlib.contextmanager
+    def _host(self) -> Iterator[None]:
+        """Counts the enclosed host time as the timer's own (hooks, marks), not the model's."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.host_s += time.perf_counter() - t0
 
     def attach(self, model_chunks: Sequence[Any], optimizer: Any = None) -> None:
         """Hook the Qwen3-VL towers of every chunk and the optimizer step (Callback.on_train_start)."""
@@ -179,45 +191,51 @@ class StepTimer:
         timeline = self.timeline
 
         def pre(_module: Any, args: tuple, kwargs: dict) -> None:
-            timeline.enter(label)
-            if returns_to is not None:
-                for t in _grad_tensors(args, kwargs):
-                    t.register_hook(self._switch_on_grad(returns_to))
+            with self._host():
+                timeline.enter(label)
+                if returns_to is not None:
+                    for t in _grad_tensors(args, kwargs):
+                        t.register_hook(self._switch_on_grad(returns_to))
 
         def post(_module: Any, _args: tuple, output: Any) -> None:
-            if returns_to is not None:
-                for t in _grad_tensors(output):
-                    if t.grad_fn is not None:
-                        t.grad_fn.register_prehook(self._switch_on_grad(label, closes_backward))
-            timeline.exit()
+            with self._host():
+                if returns_to is not None:
+                    for t in _grad_tensors(output):
+                        if t.grad_fn is not None:
+                            t.grad_fn.register_prehook(self._switch_on_grad(label, closes_backward))
+                timeline.exit()
 
         self.handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
         self.handles.append(module.register_forward_hook(post))
 
     def _switch_on_grad(self, label: str, close: bool = False) -> Callable[[Any], None]:
         def hook(_grads: Any) -> None:
-            self.timeline.switch(label)
-            if close and not self._end_queued:
-                from torch.autograd import Variable
+            with self._host():
+                self.timeline.switch(label)
+                if close and not self._end_queued:
+                    from torch.autograd import Variable
 
-                self._end_queued = True
-                Variable._execution_engine.queue_callback(self._backward_done)
+                    self._end_queued = True
+                    Variable._execution_engine.queue_callback(self._backward_done)
 
         return hook
 
     def _backward_done(self) -> None:
-        self._end_queued = False
-        self.timeline.switch(OTHER)
+        with self._host():
+            self._end_queued = False
+            self.timeline.switch(OTHER)
 
     def attach_optimizer(self, optimizer: Any) -> None:
         step = optimizer.step
 
         def timed_step(*args: Any, **kwargs: Any) -> Any:
-            self.timeline.enter("optimizer")
+            with self._host():
+                self.timeline.enter("optimizer")
             try:
                 return step(*args, **kwargs)
             finally:
-                self.timeline.exit()
+                with self._host():
+                    self.timeline.exit()
 
         optimizer.step = timed_step
         self.handles.append(_Restore(optimizer, "step", step))
@@ -225,22 +243,26 @@ class StepTimer:
     @contextlib.contextmanager
     def data(self) -> Iterator[None]:
         """Around next(data_iterator)."""
-        self.timeline.enter("data")
+        with self._host():
+            self.timeline.enter("data")
         t0 = time.perf_counter()
         try:
             yield
         finally:
             if self.timeline.active:
                 self.data_host_s += time.perf_counter() - t0
-            self.timeline.exit()
+            with self._host():
+                self.timeline.exit()
 
     def start(self) -> None:
-        self.data_host_s = 0.0
+        self.data_host_s = self.host_s = 0.0
         self._end_queued = False
-        self.timeline.begin()
+        with self._host():
+            self.timeline.begin()
 
     def stop(self) -> None:
-        self.timeline.end()
+        with self._host():
+            self.timeline.end()
 
     def totals(self) -> dict[str, float]:
         """Seconds per component of the last step (after the step-end synchronize), plus data_host_s."""

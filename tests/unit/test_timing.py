@@ -140,3 +140,19 @@ def test_detach_removes_every_hook(host_timer: timing.StepTimer) -> None:
     host_timer.detach()
     labels = timed_step(host_timer, vision, decoder, opt)
     assert labels == ["other", "data", "other", "other"]
+
+
+def test_timer_counts_its_own_host_time_per_step(host_timer: timing.StepTimer) -> None:
+    """The hooks' and marks' host time (part of metrics.jsonl vlmtrain_host_s) is counted, is not the model's or
+    the optimizer's or next()'s, and starts again at zero every step; without hooks only the step's own marks count."""
+    vision, decoder = towers()
+    opt = Optimizer()
+    attach(host_timer, vision, decoder, opt)
+    t0 = time.perf_counter()
+    timed_step(host_timer, vision, decoder, opt)
+    step_s = time.perf_counter() - t0
+    hooked = host_timer.host_s
+    assert 0 < hooked < step_s - 0.004  # the 2 ms of data and 2 ms of optimizer sleep are not the timer's
+    host_timer.detach()
+    timed_step(host_timer, vision, decoder, opt)
+    assert 0 < host_timer.host_s < hooked  # reset by start(); only begin, data and end marks left
