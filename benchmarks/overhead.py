@@ -16,12 +16,13 @@ pooled; medians, and the median of per-step ratios (both sides train the same sa
 is also recorded there as the case's own row (it is exactly `perf_h200x2.py`'s run of that case).
 
 (b) runs in its own directory: its run_config.yaml is (a)'s with only `output_dir` changed, so what Bridge writes
-there (with --extra train.profile_step=N: the profiler's trace, summarized per side into the pair's `profile`) does
-not land in (a)'s. Pairs alternate their order (a b, b a, a b, ...) so that a drift over the session (clocks,
-heat) does not land on one side. Runs of one case differ by a few % from run to run, more than steps average out
-within a run, so the interval that decides a 1 % bound is the one over pairs (`overhead_ratio_pairs_ci95`). Each
-pair is written as its own row when it ends and the invocation's pairs as a pooled row; one device command holds
-two pairs of the best case, so --pool joins the rows of several invocations on one machine.
+there does not land in (a)'s (with --extra train.profile_step=N: the profiler's trace, summarized per side into
+the pair's `profile`; iterations N-1..N+1 leave the ratios). Pairs alternate their order (a b, b a, a b, ...) so
+that a drift over the session (clocks, heat) does not land on one side. Runs of one case differ by a few % from
+run to run, more than steps average out within a run, so the interval that decides a 1 % bound is the one over
+pairs (`overhead_ratio_pairs_ci95`). Each pair is written as its own row when it ends and the invocation's pairs as
+a pooled row; one device command holds two pairs of the best case, so --pool joins the rows of several
+invocations on one machine.
 """
 
 from __future__ import annotations
@@ -59,15 +60,26 @@ def bridge_step_ms(log_text: str) -> dict[int, float]:
     return {int(m.group(1)): float(m.group(2)) for m in map(BRIDGE_LINE.search, log_text.splitlines()) if m}
 
 
-def steady(ms_by_iteration: dict[int, float], skip: int = SKIP) -> list[float]:
-    return [ms for it, ms in sorted(ms_by_iteration.items()) if it > skip]
+def steady(ms_by_iteration: dict[int, float], skip: int = SKIP, left_out: frozenset[int] = frozenset()) -> list[float]:
+    return [ms for it, ms in sorted(ms_by_iteration.items()) if it > skip and it not in left_out]
 
 
-def metrics_ms(run_dir: Path, key: str = "step_s", skip: int = SKIP) -> list[float]:
-    """A per-step seconds key of vlmtrain's metrics.jsonl in ms, the same steps vlmtrain.results.summarize takes."""
+def metrics_ms(run_dir: Path, key: str = "step_s", skip: int = SKIP,
+               left_out: frozenset[int] = frozenset()) -> list[float]:
+    """A per-step seconds key of vlmtrain's metrics.jsonl in ms, the same steps vlmtrain.results.summarize takes
+    (step s is Bridge's iteration s + 1)."""
     from vlmtrain import results
 
-    return [r[key] * 1000.0 for r in results.read_jsonl(run_dir / "metrics.jsonl")[skip:] if key in r]
+    rows = results.read_jsonl(run_dir / "metrics.jsonl")[skip:]
+    return [r[key] * 1000.0 for r in rows if key in r and r["step"] + 1 not in left_out]
+
+
+def profiled_iterations(overrides: list[str]) -> frozenset[int]:
+    """Bridge iterations whose logged interval holds profiler work besides a plain step (train.profile_step=N:
+    the profiler's start before N, the traced step N, writing the trace in N + 1's interval, ~12 s on the tiny
+    model); both sides leave them out of the ratios."""
+    n = next((int(o.split("=", 1)[1]) for o in overrides if o.startswith("train.profile_step=")), None)
+    return frozenset() if n is None else frozenset({n - 1, n, n + 1})
 
 
 def direct_command(run_config: Path, gpus: int, port: str) -> list[str]:
@@ -178,23 +190,26 @@ PROFILE_KEYS = ("window_ms", "gpu_busy_ms", "idle_gaps_ms", "kernel_ms_by_family
 
 
 def pair_record(a_dir: Path, b_dir: Path, a_wall: float, b_wall: float, skip: int = SKIP,
-                order: str = "vlmtrain,direct") -> dict[str, Any]:
-    """One pair's steady step times, from the files the two runs left behind, and (a)/(b) of each iteration both
-    logged; `order` says which ran first; `profile`: each side's profiled step where the runs traced one."""
+                order: str = "vlmtrain,direct", left_out: frozenset[int] = frozenset()) -> dict[str, Any]:
+    """One pair's steady step times (iterations after `skip`, but not those `left_out`), from the files the two runs
+    left behind, and (a)/(b) of each iteration both logged; `order` says which ran first; `profile`: each side's
+    profiled step where the runs traced one."""
     from vlmtrain.report import profile
 
     a_ms, b_ms = (bridge_step_ms((d / "train.log").read_text()) for d in (a_dir, b_dir))
     traced = {side: profile.summarize(d) for side, d in (("vlmtrain", a_dir), ("direct", b_dir))
               if (d / profile.TRACE).exists()}
     return {
-        "vlmtrain_log_ms": steady(a_ms, skip),
-        "step_ratios": [a_ms[it] / b_ms[it] for it in sorted(a_ms.keys() & b_ms.keys()) if it > skip],
-        "vlmtrain_metrics_ms": metrics_ms(a_dir, "step_s", skip),
-        "vlmtrain_host_ms": metrics_ms(a_dir, "vlmtrain_host_s", skip),
-        "direct_log_ms": steady(b_ms, skip),
+        "vlmtrain_log_ms": steady(a_ms, skip, left_out),
+        "step_ratios": [a_ms[it] / b_ms[it] for it in sorted(a_ms.keys() & b_ms.keys())
+                        if it > skip and it not in left_out],
+        "vlmtrain_metrics_ms": metrics_ms(a_dir, "step_s", skip, left_out),
+        "vlmtrain_host_ms": metrics_ms(a_dir, "vlmtrain_host_s", skip, left_out),
+        "direct_log_ms": steady(b_ms, skip, left_out),
         "vlmtrain_wall_s": round(a_wall, 1),
         "direct_wall_s": round(b_wall, 1),
         "order": order,
+        **({"left_out_iterations": sorted(left_out)} if left_out else {}),
         **({"profile": {side: {k: v for k, v in sm.items() if k in PROFILE_KEYS} for side, sm in traced.items()}}
            if traced else {}),
     }
@@ -241,7 +256,8 @@ def run_pair(case: Case, i: int, args: argparse.Namespace) -> dict[str, Any] | N
         if rc:
             print(log.read_text()[-4000:], file=sys.stderr)
             return None
-    pair = pair_record(a_dir, b_dir, walls["vlmtrain"], walls["direct"], args.skip, order)
+    pair = pair_record(a_dir, b_dir, walls["vlmtrain"], walls["direct"], args.skip, order,
+                       profiled_iterations(case.overrides))
     if not (pair["vlmtrain_log_ms"] and pair["direct_log_ms"]):
         print(f"[overhead] pair {i}: no Bridge step line after iteration {args.skip} in {a_dir} or {b_dir}",
               file=sys.stderr)

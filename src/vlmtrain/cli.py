@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 
@@ -50,3 +51,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     return args.func(args)
+
+
+if __name__ == "__main__":  # `python -m vlmtrain.cli ...` where the `vlmtrain` script is not installed
+    sys.exit(main())

@@ -4,6 +4,7 @@ are assembled from real GPU run files, and overhead.py reads Bridge's own step t
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -151,9 +152,19 @@ def test_bridge_step_times_match_vlmtrain_metrics(run_dir: Path) -> None:
     ms = overhead.bridge_step_ms((run_dir / "train.log").read_text())
     rows = {r["step"] + 1: r["step_s"] * 1000 for r in map(json.loads, (run_dir / "metrics.jsonl").open())}
     assert len(ms) >= 4 and set(ms) <= set(rows)
+    # A profiled run (train.profile_step=N): Bridge's intervals before and after N also hold the profiler's start
+    # and the writing of the trace, which vlmtrain's step window leaves out.
+    step = re.search(r"profile-step(\d+)", run_dir.name)
+    profiled = overhead.profiled_iterations([f"train.profile_step={step[1]}"] if step else [])
     for it, t in ms.items():
-        assert t == pytest.approx(rows[it], rel=0.02) or (it == 1 and t > rows[it]), it
+        if step and it in profiled - {int(step[1])}:
+            assert t > rows[it] * 1.05, it
+        else:
+            assert t == pytest.approx(rows[it], rel=0.02) or (it == 1 and t > rows[it]), it
     assert overhead.steady(ms) == [ms[i] for i in sorted(ms) if i > overhead.SKIP]
+    left = overhead.steady(ms, left_out=profiled)
+    assert left == [ms[i] for i in sorted(ms) if i > overhead.SKIP and i not in profiled]
+    assert not step or max(left) < 1.5 * min(left)  # without the trace writing, steps are alike again
 
 
 def test_overhead_ratio_from_real_logs() -> None:
@@ -197,6 +208,18 @@ def test_pair_interval_and_order() -> None:
     assert m["pair_orders"] == ["vlmtrain,direct", "direct,vlmtrain"]
     assert m["pair_total_ratios"] == [m["overhead_ratio_total"]] * 2 == [m["overhead_ratio_pairs"]] * 2
     assert m["overhead_ratio_pairs_ci95"] == pytest.approx([m["overhead_ratio_pairs"]] * 2)  # identical pairs
+
+
+def test_profiled_pair_leaves_the_profiler_iterations_out() -> None:
+    """With train.profile_step=4 (a real profiled H200 run on both sides here), iterations 3-5 hold profiler work
+    (12.5 s of trace writing in 5's interval) and leave the ratios; the steps after them remain."""
+    run = GPU_CASES / "tiny_3d_ep1_trainable_recompute-none_graph-none_profile-step4_1gpu"
+    left_out = overhead.profiled_iterations(["model=tiny", "train.profile_step=4"])
+    pair = overhead.pair_record(run, run, 1.0, 1.0, left_out=left_out)
+    assert pair["left_out_iterations"] == [3, 4, 5] and overhead.profiled_iterations(["model=tiny"]) == frozenset()
+    assert len(pair["vlmtrain_log_ms"]) == len(pair["vlmtrain_metrics_ms"]) == len(pair["step_ratios"]) == 3
+    assert max(pair["direct_log_ms"]) < 1000 and pair["step_ratios"] == [1.0] * 3
+    assert max(overhead.pair_record(run, run, 1.0, 1.0)["direct_log_ms"]) > 10_000  # kept in, it would dominate
 
 
 def test_pool_joins_one_sessions_rows(tmp_path: Path) -> None:

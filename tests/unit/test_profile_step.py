@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 from vlmtrain import cli
@@ -42,3 +44,7 @@ def test_cli_summarizes_a_run_dir(tmp_path: Path, capsys) -> None:
     assert out.startswith("[profile] window") and "fast_pos_embed_interpolate" in out
     written = json.loads((tmp_path / "torch_profile" / "profile_summary.json").read_text())
     assert written["idle_gaps"] > 0 and written == profile.summarize_trace(profile.read_trace(SLICE))
+    # the same as a module (no `vlmtrain` script on a bare GPU node): it ran and printed, not a silent no-op
+    proc = subprocess.run([sys.executable, "-m", "vlmtrain.cli", "profile", str(tmp_path)], capture_output=True,
+                          text=True, check=True)
+    assert proc.stdout.startswith("[profile] window")
