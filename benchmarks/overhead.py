@@ -37,6 +37,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +144,11 @@ def total_ratio_ci95(a_ms: list[float], b_ms: list[float], resamples: int = 2000
     return [draws[int(0.025 * resamples)], draws[int(0.975 * resamples) - 1]]
 
 
+def _median_known(values: Iterable[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
 def overhead_metrics(pairs: list[dict[str, Any]]) -> dict[str, Any]:
     """Pooled medians over the pairs' steady steps; per-pair ratios show the spread between pairs. Both sides of a
     pair train the same samples in the same order, so step i of (a) and step i of (b) did the same work:
@@ -179,9 +185,9 @@ def overhead_metrics(pairs: list[dict[str, Any]]) -> dict[str, Any]:
         "pair_orders": [p.get("order", "vlmtrain,direct") for p in pairs],
         "pairs": len(pairs),
         "steady_steps_per_run": min(len(p["direct_log_ms"]) for p in pairs),
-        **{f"{side}_wall_s": med(walls) if (walls := [p[f"{side}_wall_s"] for p in pairs
-                                                       if p[f"{side}_wall_s"] is not None]) else None
-           for side in ("vlmtrain", "direct")},
+        # a pair rebuilt from its run dirs has no walls
+        "vlmtrain_wall_s": _median_known(p["vlmtrain_wall_s"] for p in pairs),
+        "direct_wall_s": _median_known(p["direct_wall_s"] for p in pairs),
     }
 
 
@@ -316,11 +322,11 @@ def main(argv: list[str] | None = None) -> int:
         if pair is None:
             return 1
         # one row per pair as it finishes (a command cut short keeps its pairs); the last one pools them
-        results.append(args.results, name, f"{cmd} (pair {i})", overhead_metrics([pair]),
-                       config=run_cases.overrides(case),
+        metrics = overhead_metrics([pair])
+        results.append(args.results, name, f"{cmd} (pair {i})", metrics, config=run_cases.overrides(case),
                        direct=" ".join(direct_command(Path("<run dir>/run_config.yaml"), case.gpus, "29500")),
                        pairs_detail=[pair])
-        print(f"[overhead] pair {i} ({pair['order']}): {overhead_metrics([pair])}", flush=True)
+        print(f"[overhead] pair {i} ({pair['order']}): {metrics}", flush=True)
     print(f"[overhead] {pool(name, args.pairs, args.results, cmd)['metrics']}")
     return 0
 
