@@ -315,6 +315,15 @@ def report(results_path: Path) -> str:
             if over.get("vlmtrain_host_ms") is not None:
                 line += (f"; median of per-step ratios {over['overhead_ratio_paired']:.3f}; vlmtrain's own host code "
                          f"{over['vlmtrain_host_ms']:.1f} ms per step = {over['vlmtrain_host_fraction']:.2%} of it")
+            for p in r.get("pairs_detail", []):
+                if {"vlmtrain", "direct"} <= p.get("profile", {}).keys():
+                    a, b = p["profile"]["vlmtrain"], p["profile"]["direct"]
+                    line += (f"; traced step, vlmtrain / direct: window {a['window_ms']:.0f} / {b['window_ms']:.0f} "
+                             f"ms, GPU busy {a['gpu_busy_ms']:.0f} / {b['gpu_busy_ms']:.0f} ms, of it NCCL "
+                             f"{a['kernel_ms_by_family'].get('nccl', 0):.0f} / "
+                             f"{b['kernel_ms_by_family'].get('nccl', 0):.0f} ms")
+            if r.get("note"):
+                line += f" ({r['note']})"
             lines.append(line)
         if n.startswith("lease-spread_"):
             m = r["metrics"]

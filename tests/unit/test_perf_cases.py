@@ -314,6 +314,11 @@ def test_report_states_every_claim_from_the_results_file(tmp_path: Path) -> None
     # a claim whose row kept medians of per-step rates (its run files are lost) says so
     assert "| frozen vision gain, 3D EP2 MBS 4 packed (one side's rates are medians of per-step rates) |" in md
     assert "- failed: 30b-l8_3d-ep2_mbs4_trainable_rc-full" in md and "overhead_ratio" in md
+    # a profiled overhead pair states both sides' traced step; a row's note travels with its line
+    traced = next(x for x in md.splitlines() if x.startswith("- overhead_ratio") and "+train.profile_step=" in x)
+    assert "traced step, vlmtrain / direct: window" in traced
+    noted = [r for n, r in perf.latest_rows(perf.RESULTS).items() if n.startswith("overhead_") and r.get("note")]
+    assert noted and all(f"({r['note']})" in md for r in noted)
     # frozen-vision rows stand in their own table, never ranked among full-training rows
     full, frozen = md.split("## Frozen vision")[0], md.split("## Frozen vision")[1].split("## The seed")[0]
     assert "_frozen_" not in full and "_trainable_" not in frozen
