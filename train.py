@@ -1,5 +1,7 @@
 """vlmtrain entry point: `python train.py [group=option ...] [key=value ...]` (see README.md)."""
 
+import sys
+
 import hydra
 from omegaconf import DictConfig
 
@@ -20,4 +22,9 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    from vlmtrain.overrides import check_args
+
+    # A typo'd key would get Hydra's bare "Key 'x' not in 'TrainConfig'" and a hint to add `+`: name the valid keys.
+    if problem := check_args(sys.argv[1:]):
+        sys.exit(f"[vlmtrain] {problem}")
     main()

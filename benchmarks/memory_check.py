@@ -55,7 +55,7 @@ def sample_lengths(run: RunConfig) -> list[tuple[int, int]]:
 
     from vlmtrain.groups import data
 
-    rows_file = data.prepare(run)
+    rows_file = data.prepare(run).jsonl
     if rows_file is None:
         raise ValueError(f"data={run.data.kind}: no local rows to measure")
     processor = AutoProcessor.from_pretrained(str(data.processor_dir(run)))

@@ -67,11 +67,12 @@ def after_model_build(run: RunConfig, context: Any) -> dict[str, Any]:
         "cuda_graph_modules": [getattr(m, "name", str(m)) for m in (cfg.cuda_graph_modules or [])],
         "params": params,
     }
+    # Every module under the wrappers (DDP, Float16Module, Megatron-FSDP), not only the unwrapped model's.
     dispatchers = {
         type(m.token_dispatcher).__name__
         for c in context.model
-        for m in _unwrap(c).modules()
-        if hasattr(m, "token_dispatcher")
+        for m in c.modules()
+        if getattr(m, "token_dispatcher", None) is not None
     }
     report["dispatcher_classes"] = sorted(dispatchers)
     expected = {
@@ -79,8 +80,9 @@ def after_model_build(run: RunConfig, context: Any) -> dict[str, Any]:
         "hybridep": "MoEFlexTokenDispatcher",
         "deepep": "MoEFlexTokenDispatcher",
     }[str(run.dispatcher.backend)]
-    if dispatchers and expected not in dispatchers:
-        raise SettingNotApplied(f"dispatcher={run.dispatcher.backend} requested but {sorted(dispatchers)} was built.")
+    if dispatchers != {expected}:  # none found is a failure too: the check must not pass vacuously
+        raise SettingNotApplied(f"dispatcher={run.dispatcher.backend} requested but {sorted(dispatchers)} was built "
+                                f"(expected {expected} in every MoE layer).")
     if run.recompute.granularity == "none" and cfg.recompute_modules:
         raise SettingNotApplied(f"recompute=none but Megatron set recompute_modules={cfg.recompute_modules}.")
     if run.vision.freeze_vision_model and params["vision"]["trainable"]:

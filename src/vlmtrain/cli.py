@@ -29,6 +29,55 @@ def _profile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _quiet_datasets() -> None:
+    """No `datasets` progress bars between the lines these commands print."""
+    from datasets.utils.logging import disable_progress_bar
+
+    disable_progress_bar()
+
+
+def _data_export(args: argparse.Namespace) -> int:
+    """Write the shipped photos in one data kind's format; prints the overrides that train on them."""
+    from vlmtrain.data.export import export
+
+    _quiet_datasets()
+    try:
+        manifest = export(args.format, args.out, args.dataset, args.corrupt, args.cache_dir, args.samples)
+    except (ValueError, FileExistsError) as e:
+        print(f"vlmtrain data export: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {manifest['samples']} samples, {manifest['images']} images ({len(manifest['corrupt'])} corrupt) "
+          f"to {manifest['path']}")
+    for bad in manifest["corrupt"]:
+        print(f"  corrupt: {bad['sample']} (id {bad['id']}), image {bad['image']}")
+    print("train with: python train.py " + " ".join(manifest["overrides"]))
+    return 0
+
+
+def _data_check(args: argparse.Namespace) -> int:
+    """Compose the data overrides as train.py does, scan every sample on CPU, list the bad ones."""
+    from vlmtrain.compose import compose
+    from vlmtrain.groups import data
+    from vlmtrain.overrides import check_args
+
+    if problem := check_args(args.overrides):
+        print(f"vlmtrain data check: {problem}", file=sys.stderr)
+        return 2
+    _quiet_datasets()
+    try:
+        report = data.scan(compose(args.overrides))
+    except FileNotFoundError as e:
+        print(f"vlmtrain data check: {e}", file=sys.stderr)
+        return 2
+    if report is None:
+        print("data=mock: Bridge's generated noise images, nothing to scan.")
+        return 0
+    for line in report.lines():
+        print(line)
+    print(report.summary())
+    return 1 if report.bad else 0
+
+
 def parser() -> argparse.ArgumentParser:
     """One sub-parser per command, so later commands add a function and three lines here."""
     ap = argparse.ArgumentParser(prog="vlmtrain", description=__doc__)
@@ -45,6 +94,24 @@ def parser() -> argparse.ArgumentParser:
                           "launched them, GPU idle ms by what the host was inside. Writes profile_summary.json.")
     prof.add_argument("path", type=Path, help="run directory, or a rank-0.json.gz trace")
     prof.set_defaults(func=_profile)
+    data = sub.add_parser("data", help="write the shipped photos in a data format; scan a dataset for bad samples")
+    data_sub = data.add_subparsers(dest="data_command", required=True)
+    exp = data_sub.add_parser("export", help="the shipped real photos as jsonl, parquet, hf or energon data",
+                              description="Write the sample (or realistic) set into OUT in one format, offline; "
+                              "--corrupt N truncates N images. Prints the train.py overrides for it.")
+    exp.add_argument("--format", required=True, choices=("jsonl", "parquet", "hf", "energon"))
+    exp.add_argument("--out", required=True, type=Path, help="folder to write (replaced if it holds an export)")
+    exp.add_argument("--dataset", default="sample", choices=("sample", "realistic"))
+    exp.add_argument("--samples", type=int, help="sample: the first N photos; realistic: N generated samples")
+    exp.add_argument("--corrupt", type=int, default=0, metavar="N", help="truncate the first image of N samples")
+    exp.add_argument("--cache-dir", type=Path, help="where the sets are generated (default: data.cache_dir's)")
+    exp.set_defaults(func=_data_export)
+    chk = data_sub.add_parser("check", help="scan a run's dataset on CPU and list every bad sample",
+                              description="Compose the run from train.py overrides (e.g. data=parquet "
+                              "data.path=x.parquet), decode every image, list the bad samples and a summary. Exit "
+                              "status 1 when there is a bad sample.")
+    chk.add_argument("overrides", nargs="*", help="train.py overrides (data=..., data.path=..., train.seq_length=...)")
+    chk.set_defaults(func=_data_check)
     return ap
 
 

@@ -79,7 +79,8 @@ VIT_POSITION_EMBEDDINGS = 2304
 GDN_CONV_KERNEL = 4
 """Gated-DeltaNet depthwise causal conv width (linear_conv_kernel_dim, Qwen3.5 default)."""
 GDN_CHUNK = 64
-"""Tokens per chunk of the chunked gated-delta rule; one FP32 state nv x dk x dv is kept per chunk."""
+"""Tokens per chunk of FLA's chunked gated-delta rule: it saves a BF16 chunk x chunk WY matrix per value head (its
+per-chunk nv x dk x dv states are recomputed in backward, FLA 0.6)."""
 
 
 # --- parameters ----------------------------------------------------------------------------------------------
@@ -279,18 +280,20 @@ def _attention_elems(m: ModelConfig) -> int:
     gate = q if m.family == Family.qwen35_vl else 0
     # 2h: LayerNormLinear input + normed output; q+gate+2kv: fused QKV output (the V view keeps it alive);
     # q+kv: rotated Q, K saved by flash attention; q: attention output (flash backward + proj input);
-    # gate: sigmoid(gate) of the Qwen3.5 output gate
-    return 2 * h + (q + gate + 2 * kv) + (q + kv) + q + gate
+    # 3 gate: Qwen3.5's output gate keeps FP32 sigmoid(gate) for the multiply and the gated output as proj input
+    return 2 * h + (q + gate + 2 * kv) + (q + kv) + q + 3 * gate
 
 
 def _gdn_elems(m: ModelConfig) -> float:
-    """BF16 elements one Gated-DeltaNet block saves per token (approximate; no Qwen3.5 run on record)."""
+    """BF16 elements one Gated-DeltaNet block saves per token, from what Megatron's GatedDeltaNet and FLA 0.6 keep
+    for backward (read, not measured: the one Qwen3.5 peak on record, 90 GiB at 4 layers, has no workload row)."""
     la = m.linear_attention or LinearAttentionConfig()
     qk, v, nv = la.key_head_dim * la.num_key_heads, la.value_head_dim * la.num_value_heads, la.num_value_heads
-    # 2h: norm in/out; in_proj output 2qk+2v+2nv; conv output 2qk+v; L2-normed q, k 2qk; out-norm input,
-    # gate z and out_proj input 3v; FP32 chunk state nv*dk*dv per 64 tokens = 2*nv*dk*dv/64 BF16 elements
-    return (2 * m.hidden_size + (2 * qk + 2 * v + 2 * nv) + (2 * qk + v) + 2 * qk + 3 * v
-            + 2 * nv * la.key_head_dim * la.value_head_dim / GDN_CHUNK)
+    # 2h: in_proj's LayerNormLinear input + normed output; 2qk+v: causal-conv input (the contiguous q|k|v part of
+    # in_proj's output); 2qk: L2-norm input; 2*nv*dk + v: the delta rule's q, k (repeated to the nv value heads) and
+    # v; nv*chunk: its WY matrix; 3nv: FP32 decay g and beta; 3v: gated-norm input, gate z and out_proj input
+    return (2 * m.hidden_size + (2 * qk + v) + 2 * qk + (2 * nv * la.key_head_dim + v) + nv * GDN_CHUNK + 3 * nv
+            + 3 * v)
 
 
 def _moe_elems(m: ModelConfig, etp: int, modules: frozenset[str]) -> float:

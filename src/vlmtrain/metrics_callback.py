@@ -66,8 +66,11 @@ def bridge_step_stats(context: Any) -> tuple[int, tuple]:
 
 class MetricsCallback(Callback):
     def __init__(self, run: RunConfig, counters: StepCounters):
+        from vlmtrain.groups import data
+
         wandb_log.check_bridge_logger(run)
         self.run, self.counters = run, counters
+        self.skipped_samples = data.skipped_samples(run)  # bad samples the data scan dropped (data.skip_bad_images)
         self.path = Path(run.output_dir) / "metrics.jsonl"
         self.t0 = 0.0
         self.wandb_run: Any = None
@@ -150,7 +153,7 @@ class MetricsCallback(Callback):
     def _row(self, context: Any, vals: list[float], peak_gib: float, step_s: float) -> dict[str, Any]:
         """Counters, vlmtrain FLOPs and throughput, losses and grad norm of this step."""
         row: dict[str, Any] = {"step": context.state.train_state.step, "step_s": step_s, "peak_mem_gib": peak_gib,
-                               "data_kind": str(self.run.data.kind)}
+                               "data_kind": str(self.run.data.kind), "skipped_samples": self.skipped_samples}
         row.update({k: int(v) for k, v in zip(COUNTERS, vals[: len(COUNTERS)], strict=True)})
         flops_vit, flops_proj, flops_dec = vals[len(COUNTERS):]
         total = flops_vit + flops_proj + flops_dec

@@ -106,7 +106,13 @@ def dry_run(run: RunConfig) -> int:
     if preflight.errors(findings):
         print(render(run, None, findings, "not attempted (preflight errors)"))
         return 2
-    cfg = build.build(run)
+    from vlmtrain.data.scan import BadSample
+
+    try:
+        cfg = build.build(run)
+    except BadSample as e:  # the data scan (vlmtrain.groups.data.prepare) refused a sample
+        print(render(run, None, findings, f"not attempted (bad data)\n{e}"))
+        return 2
     try:
         target.finalize(run, cfg)
     except Exception as e:  # Bridge raises ValueError/AssertionError/RuntimeError from many places

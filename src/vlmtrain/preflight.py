@@ -195,12 +195,19 @@ def vpp_divides_stage_layers(run: RunConfig, lay: Layout) -> str | None:
 
 @rule(Severity.error)
 def deepstack_on_first_stage(run: RunConfig, lay: Layout) -> str | None:
-    n_ds = len(run.model.vit.deepstack_indexes)
+    """Bridge's Qwen3-VL block adds deepstack feature i to decoder layer i and asserts that stage 0 has them all."""
+    ds = run.model.vit.deepstack_indexes
     first = _stage_layers(run, lay)[0]
-    if n_ds > first:
-        return (f"model={run.model.name} feeds {n_ds} deepstack layers into PP stage 0, which holds {first} decoder "
-                f"layers. Raise parallelism.first_stage_layers to >= {n_ds} or lower parallelism.pp.")
-    return None
+    if len(ds) <= first:
+        return None
+    if lay.pp == 1:
+        kept = ",".join(map(str, ds[:first]))
+        return (f"model={run.model.name} feeds {len(ds)} deepstack features into its first {len(ds)} decoder layers, "
+                f"but model.num_layers={first} (Bridge asserts at the first forward). Use model.num_layers>={len(ds)}, "
+                f"or keep one deepstack merger per layer: model.vit.deepstack_indexes=[{kept}] (every layer keeps "
+                "its published shape).")
+    return (f"model={run.model.name} feeds {len(ds)} deepstack layers into PP stage 0, which holds {first} decoder "
+            f"layers. Raise parallelism.first_stage_layers to >= {len(ds)} or lower parallelism.pp.")
 
 
 @rule(Severity.error)
@@ -333,6 +340,20 @@ def packing_needs_two_samples(run: RunConfig, lay: Layout) -> str | None:
         return ("data.packing=true with train.micro_batch_size=1: in-batch packing joins the samples of one "
                 "micro-batch, and Bridge refuses it for a single sample. Raise train.micro_batch_size (same "
                 "train.global_batch_size: fewer accumulation steps).")
+    return None
+
+
+@rule(Severity.error)
+def qwen35_packing_unverified(run: RunConfig, lay: Layout) -> str | None:
+    """Qwen3.5 packs through code no run here has executed; kernels=fast adds none (its replacements are the same
+    Qwen3-VL ViT and pinned-pixel paths, and its decoder RoPE replacement only runs on packed rows)."""
+    if run.model.family == Family.qwen35_vl and run.data.packing:
+        return (f"model={run.model.name} with data.packing=true is unverified: packed (THD) rows take Megatron's "
+                "GatedDeltaNet varlen branch (cu_seqlens into FLA's causal conv and chunked delta rule; on Hopper "
+                "TileLang's varlen backward) and TE's fused RoPE on the partial (64 of 256) rotary dims under "
+                "kernels=fast. The code supports both, but no GPU run has checked them and Bridge's own Qwen3.5-VL "
+                "recipes never pack. Use data.packing=false, or preflight.ignore=[qwen35_packing_unverified] to run "
+                "it as that check.")
     return None
 
 

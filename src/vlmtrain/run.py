@@ -8,8 +8,10 @@ import sys
 
 from omegaconf import DictConfig
 
-from vlmtrain import launch, plan, preflight, wandb_log
+from vlmtrain import launch, plan, preflight, wandb_log, world
 from vlmtrain.compose import to_run
+from vlmtrain.data.scan import BadSample
+from vlmtrain.groups import data
 
 
 class RunFailed(RuntimeError):
@@ -57,14 +59,19 @@ def main(cfg: DictConfig) -> int:
     if hc.mode == RunMode.MULTIRUN and run.wandb.group is None:
         run.wandb.group = wandb_log.sweep_group(hc.sweep.dir)
     gpus = local_gpus()
-    if run.dry_run or (run.dry_run is None and gpus == 0):
+    if world.is_dry_run(run, gpus):
         if run.dry_run is None:
             print("[vlmtrain] no GPU on this machine: printing the dry-run plan (dry_run=false forces training).")
         return launch.in_process(run, dry_run=True) if launch.under_slurm() else plan.dry_run(run)
-    if run.gpus_per_node is None and not launch.under_slurm():
-        run.gpus_per_node = gpus
+    tasks = int(launch.slurm_rank_env()["LOCAL_WORLD_SIZE"]) if launch.under_slurm() else None
+    run.gpus_per_node = world.placement(run, gpus, slurm_tasks_per_node=tasks).gpus_per_node
     for finding in preflight.enforce(run):
         print(f"[vlmtrain] {finding}", file=sys.stderr)
     if launch.under_slurm():
         return launch.in_process(run)
+    try:
+        data.prepare(run)  # scan the data once, here, before torchrun starts the ranks
+    except BadSample as e:
+        print(f"[vlmtrain] {e}", file=sys.stderr)
+        return 2
     return launch.local(run)

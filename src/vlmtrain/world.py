@@ -41,6 +41,45 @@ def gpus_per_node(run: RunConfig) -> int:
     return run.gpus_per_node if run.gpus_per_node is not None else run.hardware.gpus_per_node
 
 
+class NoGpuError(ValueError):
+    """A run set to train on a node that has no GPU (dry_run=false where nvidia-smi finds none)."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    """The GPUs per node a run really gets, and where that comes from (for messages and the sweep table)."""
+
+    nodes: int
+    gpus_per_node: int
+    where: str
+    """local | Slurm | declared, dry run"""
+
+    def __str__(self) -> str:
+        return (f"{self.nodes} node{'s' * (self.nodes != 1)} x {self.gpus_per_node} "
+                f"GPU{'s' * (self.gpus_per_node != 1)} ({self.where})")
+
+
+def is_dry_run(run: RunConfig, node_gpus: int) -> bool:
+    """dry_run=true, or dry_run unset on a node without GPUs."""
+    return bool(run.dry_run) or (run.dry_run is None and node_gpus == 0)
+
+
+def placement(run: RunConfig, node_gpus: int, slurm_tasks_per_node: int | None = None) -> Placement:
+    """Which GPUs per node the run really gets: the one rule for train.py and the -m sweeper's preflight, so a
+    sweep checks each job against the world it will run on. A dry run plans for what it declares (`gpus_per_node`,
+    else the hardware group's). A training run keeps an explicit `gpus_per_node`, else takes its Slurm allocation's
+    tasks per node (one rank per task) or, launched locally, every GPU of the node. `node_gpus`: the GPUs of the
+    node the job runs on (under Slurm, the allocation's GPUs per node)."""
+    if is_dry_run(run, node_gpus):
+        return Placement(run.nodes, gpus_per_node(run), "declared, dry run")
+    where = "local" if slurm_tasks_per_node is None else "Slurm"
+    gpn = run.gpus_per_node if run.gpus_per_node is not None else slurm_tasks_per_node or node_gpus
+    if gpn == 0:
+        raise NoGpuError("dry_run=false, but this node has no GPU (nvidia-smi lists none): train on a GPU node, "
+                         "or drop dry_run=false to print the dry-run plan.")
+    return Placement(run.nodes, gpn, where)
+
+
 def auto_ep(world_size: int, pp: int, etp: int, num_experts: int) -> int:
     """EP sized to the experts: the largest degree that divides both the expert count and the ranks per stage."""
     return math.gcd(max(world_size // (pp * etp), 1), num_experts)

@@ -197,6 +197,10 @@ TABLE: list[tuple[list[str], dict[str, object]]] = [
             "model.moe_shared_expert_intermediate_size": 512,
             "model.mrope_section": [11, 11, 10],
             "model.experimental_attention_variant": "gated_delta_net",
+            # its JIT-compiled kernels cache under data.cache_dir; FLA's TileLang backward on SM90 (h200)
+            "env_vars.TILELANG_CACHE_DIR": str(Path("~/.cache/vlmtrain/kernels/tilelang").expanduser()),
+            "env_vars.TRITON_CACHE_DIR": str(Path("~/.cache/vlmtrain/kernels/triton").expanduser()),
+            "env_vars.FLA_TILELANG": "1",
         },
     ),
     (["data=mock"], {"dataset.num_images": 1, "dataset.image_size": (256, 256)}),
@@ -350,3 +354,22 @@ def test_resolved_configs_round_trip_to_yaml(compose, bridge, tmp_path):
     loaded = bridge.ConfigContainer.from_yaml(str(tmp_path / "bridge.yaml"))
     target.finalize(run, loaded)  # derived scheduler steps are recomputed, not serialized
     assert _flat(loaded.to_dict()) == _flat(cfg.to_dict())
+
+
+def test_qwen35_build_refuses_hopper_without_tilelang(monkeypatch):
+    """FLA's own condition (Hopper, Triton 3.4-3.7.0, no usable TileLang) fails the model build, not step 1."""
+    import fla.utils
+    import torch
+    from fla.backends import TileLangBackend
+
+    from vlmtrain.groups import model
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(fla.utils, "IS_NVIDIA_HOPPER", True)
+    monkeypatch.setattr(fla.utils, "TRITON_ABOVE_3_4_0", True)
+    monkeypatch.setattr(fla.utils, "TRITON_ABOVE_3_7_1", False)
+    monkeypatch.setattr(TileLangBackend, "can_use", classmethod(lambda cls: False))
+    with pytest.raises(RuntimeError, match="tilelang"):
+        model.require_gdn_backward()
+    monkeypatch.setattr(TileLangBackend, "can_use", classmethod(lambda cls: True))
+    model.require_gdn_backward()

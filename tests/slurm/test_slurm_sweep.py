@@ -94,6 +94,11 @@ def test_slurm_sweep(slurm: None, tmp_path: Path) -> None:
     dirs = run_dirs(sweep)
     assert sorted(dirs) == sorted(expected)
     assert not any("micro_batch_size=3" in p.name for p in sweep.iterdir())
+    # dry runs are checked against the world they declare, and the table says so
+    assert out.stdout.count(f"  1 node x {GPUS} GPUs (declared, dry run)  ") == 6
+    # conf/train.yaml's report callback (pickled into the submitit jobs too) wrote the sweep report
+    md = (sweep / "report.md").read_text()
+    assert md.count("| dry run (planned, not trained) |") == 4 and md.count("| skipped by preflight |") == 2
 
     array_ids = set()
     for num, (hw, mbs) in expected.items():

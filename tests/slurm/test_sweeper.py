@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,8 +13,8 @@ import hydra
 import pytest
 from omegaconf import OmegaConf
 
-from vlmtrain import launch
-from vlmtrain.compose import CONF_DIR
+from vlmtrain import launch, world
+from vlmtrain.compose import CONF_DIR, compose
 from vlmtrain.schema import register
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,6 +45,75 @@ def test_slurm_resources_follow_the_job(overrides: list[str], resources: tuple[i
     assert params["_target_"].endswith("SlurmLauncher")
     assert params["signal_delay_s"] > 0 and params["max_num_timeout"] > 0
     assert "requeue" not in params["additional_parameters"]  # only when asked
+
+
+def gpu_node(tmp_path: Path, gpus: int) -> dict[str, str]:
+    """The environment of a node with `gpus` GPUs as vlmtrain.run.local_gpus sees it: an `nvidia-smi -L` on PATH
+    listing them (this machine has no GPU and no nvidia-smi; 0 = none on PATH)."""
+    env = dict(os.environ)
+    if gpus:
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir()
+        lines = "\n".join(f"GPU {i}: NVIDIA H200 (UUID: GPU-{i})" for i in range(gpus))
+        (bin_dir / "nvidia-smi").write_text(f"#!/bin/sh\ncat <<'EOF'\n{lines}\nEOF\n")
+        (bin_dir / "nvidia-smi").chmod(0o755)
+        env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
+    return env
+
+
+MBS_1_2 = ["hydra.sweeper.preflight_only=true", "train.micro_batch_size=1,2"]
+
+
+@pytest.mark.parametrize(("gpus", "overrides", "world", "rows"), [
+    # GBS 8 = MBS x DP x accumulation: MBS 2 fits 1 GPU, not the hardware group's 8
+    (1, [], "1 node x 1 GPU (local)", ["0", "1"]),
+    (1, ["hydra/launcher=submitit_local"], "1 node x 1 GPU (local)", ["0", "1"]),
+    (1, ["dry_run=true"], "1 node x 8 GPUs (declared, dry run)", ["0", "SKIP"]),
+    (0, [], "1 node x 8 GPUs (declared, dry run)", ["0", "SKIP"]),
+    (0, ["hydra/launcher=slurm", "dry_run=false", "hardware=h100"], "1 node x 8 GPUs (Slurm)", ["0", "SKIP"]),
+    (0, ["hydra/launcher=slurm", "dry_run=false", "hydra.launcher.tasks_per_node=1",
+         "hydra.launcher.gpus_per_node=1"], "1 node x 1 GPU (Slurm)", ["0", "1"]),
+])
+def test_jobs_are_checked_against_the_world_they_run_on(tmp_path: Path, gpus: int, overrides: list[str], world: str,
+                                                         rows: list[str]) -> None:
+    """A training job launched locally is checked on this node's GPUs, one sent to Slurm on the tasks per node its
+    launcher requests, a dry run on what it declares (the hardware group's GPUs per node); the table says which."""
+    cmd = [sys.executable, "train.py", "-m", f"hydra.sweep.dir={tmp_path / 'sweep'}", *MBS_1_2, *overrides]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=gpu_node(tmp_path, gpus))
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = [line for line in out.stdout.splitlines() if "train.micro_batch_size=" in line]
+    assert [line.split()[0] for line in lines] == rows
+    assert all(f"  {world}  " in line for line in lines), lines
+    # preflight-only sweeps get their report too: the jobs that passed are not called failures
+    assert "| #0 | passed preflight (preflight_only: not launched) |" in (tmp_path / "sweep" / "report.md").read_text()
+
+
+def test_training_on_a_node_without_gpus_is_refused(tmp_path: Path) -> None:
+    out = multirun(tmp_path, *MBS_1_2, "dry_run=false")
+    assert out.returncode == 1
+    assert out.stdout.count("[error] world: dry_run=false, but this node has no GPU") == 2
+    assert "preflight rejected all 2 job(s)" in out.stderr
+
+
+@pytest.mark.parametrize(("overrides", "node_gpus", "slurm_tasks", "expected"), [
+    (["dry_run=true"], 4, None, (8, "declared, dry run")),
+    (["dry_run=true", "gpus_per_node=2"], 4, 4, (2, "declared, dry run")),
+    ([], 0, None, (8, "declared, dry run")),
+    ([], 1, None, (1, "local")),
+    (["gpus_per_node=2"], 4, None, (2, "local")),
+    ([], 4, 4, (4, "Slurm")),
+    (["hardware=gb200"], 4, 2, (2, "Slurm")),
+])
+def test_placement_rule(overrides: list[str], node_gpus: int, slurm_tasks: int | None,
+                        expected: tuple[int, str]) -> None:
+    """vlmtrain.world.placement, the rule train.py (vlmtrain.run.main) and the sweeper both apply."""
+    place = world.placement(compose(overrides), node_gpus, slurm_tasks_per_node=slurm_tasks)
+    assert (place.gpus_per_node, place.where) == expected
+
+
+def test_placement_refuses_training_without_a_gpu() -> None:
+    with pytest.raises(world.NoGpuError, match="no GPU"):
+        world.placement(compose(["dry_run=false"]), 0)
 
 
 def test_preflight_table_numbering_and_file(tmp_path: Path) -> None:
@@ -78,8 +148,7 @@ def test_failing_job_does_not_stop_the_sweep(tmp_path: Path) -> None:
     still runs job 1, the sweep report is written, and the sweep exits 1 naming the failed job. Real dry runs
     (imports Bridge once, ~30-90 s)."""
     out = multirun(tmp_path, "dry_run=true", "train.global_batch_size=7,8",
-                   "preflight.ignore=[global_batch_divisible]",
-                   "+hydra.callbacks.report._target_=vlmtrain.report.ReportCallback", timeout=600)
+                   "preflight.ignore=[global_batch_divisible]", timeout=600)
     assert out.returncode == 1, out.stdout + out.stderr
     assert "1 of 2 launched job(s) failed" in out.stderr
     assert "#0 dry_run=True train.global_batch_size=7" in out.stderr
@@ -88,8 +157,11 @@ def test_failing_job_does_not_stop_the_sweep(tmp_path: Path) -> None:
     assert first.name.startswith("0_") and not (first / "bridge_config.yaml").exists()
     assert second.name.startswith("1_") and (second / "bridge_config.yaml").is_file()
     assert "sweep done: 1 of 2 launched job(s) completed, 1 failed" in out.stdout
-    # on_multirun_end still ran (Hydra skips it when the sweep raises): the sweep report covers the failure
-    assert (tmp_path / "report.md").is_file()
+    # conf/train.yaml's report callback still ran (Hydra skips on_multirun_end when the sweep raises): the sweep
+    # report covers both jobs (the failed plan printed to stdout only, so its job dir holds no error to quote)
+    md = (tmp_path / "report.md").read_text()
+    assert "| #0 | incomplete | no metrics and no error in the logs |" in md
+    assert "| #1 | dry run (planned, not trained) |" in md
 
 
 def test_rank_record_keeps_earlier_attempts(tmp_path: Path) -> None:

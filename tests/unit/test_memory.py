@@ -66,6 +66,23 @@ def test_qwen35_layers_alternate_gated_deltanet_and_attention(compose):
     assert sizes[0] == sizes[1] == sizes[2] != sizes[3]  # 3 Gated-DeltaNet layers, then full attention
 
 
+def test_one_h200_fits_the_235b_shapes_at_one_decoder_layer_only(compose):
+    """What fits on 1 x H200 (FSDP, data=realistic, MBS 1, seq 4096 worst case): the 235B shapes at 1 decoder layer
+    (deepstack cut to the layer kept, as preflight asks) with margin, at 2 only tightly, at 3 not at all (its model
+    state alone exceeds the GPU); the 30B and Qwen3.5 shapes at 4 layers."""
+    def fraction(*overrides: str) -> float:
+        run = compose(*overrides, "data=realistic", "gpus_per_node=1")
+        assert run.hardware.name == "h200"
+        return memory.estimate(run).total / run.hardware.memory_gib
+
+    b235 = "model=qwen3_vl_235b_a22b"
+    assert fraction(b235, "model.num_layers=1", "model.vit.deepstack_indexes=[8]") < 110 / 141
+    assert 0.9 < fraction(b235, "model.num_layers=2", "model.vit.deepstack_indexes=[8,16]") <= 1.0
+    assert fraction(b235, "model.num_layers=3") > 1.0
+    assert fraction("model=qwen3_vl_30b_a3b", "model.num_layers=4") < 110 / 141
+    assert fraction("model=qwen35_vl_35b_a3b", "model.num_layers=4") < 110 / 141
+
+
 # --- sharding, recompute, freezing -----------------------------------------------------------------------------
 
 

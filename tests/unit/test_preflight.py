@@ -7,6 +7,7 @@ import pytest
 from vlmtrain import preflight
 
 B30 = ["model=qwen3_vl_30b_a3b"]
+Q35 = ["model=qwen35_vl_35b_a3b", "model.num_layers=4"]
 # rule -> (overrides that trip it, overrides that pass it)
 CASES: dict[str, tuple[list[str], list[str]]] = {
     "hybridep_topology": (
@@ -69,6 +70,10 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
         ["data.packing=true", "train.micro_batch_size=1"],
         ["data.packing=true", "train.micro_batch_size=2"],
     ),
+    "qwen35_packing_unverified": (
+        [*Q35, "data.packing=true", "train.micro_batch_size=2"],
+        [*Q35, "kernels=fast"],
+    ),
     "a2a_overlap_with_qwen_vl": (["+bridge.comm_overlap.overlap_moe_expert_parallel_comm=true"], []),
     "seq_fits_images": (["data=realistic", "train.seq_length=2048"], ["data=realistic", "train.seq_length=4096"]),
     "data_path_exists": (["data=jsonl", "data.path=/nonexistent/train.jsonl"], ["data=jsonl", f"data.path={__file__}"]),
@@ -108,3 +113,12 @@ def test_enforce_raises_with_every_error_and_keeps_warnings(compose):
 def test_ignore_downgrades_an_error(compose):
     run = compose("parallelism.pp=2", "preflight.ignore=[fsdp_needs_pp1]")
     assert not preflight.errors(preflight.check(run))
+
+
+def test_deepstack_needs_as_many_decoder_layers_without_pipeline(compose):
+    """Reduced depth below the deepstack count: the message offers the deepstack mergers that fit, and that fixes it."""
+    found = rules_of(compose, ["model=qwen3_vl_235b_a22b", "model.num_layers=1", "gpus_per_node=1"])
+    message = found["deepstack_on_first_stage"].message
+    assert "model.num_layers>=3" in message and "model.vit.deepstack_indexes=[8]" in message
+    fixed = ["model=qwen3_vl_235b_a22b", "model.num_layers=1", "model.vit.deepstack_indexes=[8]", "gpus_per_node=1"]
+    assert "deepstack_on_first_stage" not in rules_of(compose, fixed)

@@ -12,10 +12,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from matplotlib.axes import Axes
+from matplotlib.text import Annotation
 from omegaconf import OmegaConf
 
 from vlmtrain import cli, preflight, report, results
 from vlmtrain.compose import compose
+from vlmtrain.report import labels, plots
 
 ROOT = Path(__file__).resolve().parents[2]
 CASES = ROOT / "tests" / "fixtures" / "gpu_cases"
@@ -242,6 +245,86 @@ def test_pngs_are_written(written: dict[str, Path]) -> None:
         assert data[:8] == PNG_SIGNATURE and len(data) > 1024, key
 
 
+def annotations(ax: Axes) -> list[str]:
+    """The point labels drawn on a plot (annotations, not the axes' other texts)."""
+    return [t.get_text().strip() for t in ax.texts if isinstance(t, Annotation)]
+
+
+def test_mbs_column_is_filled(jobs: dict[str, report.Job], written: dict[str, Path]) -> None:
+    """Every job with a config or an MBS override has its MBS in report.csv and report.md (the fixture runs ran at
+    the schema default, the killed and never-started jobs override it)."""
+    rows = {r["job"]: r for r in csv.DictReader(written["csv"].open())}
+    assert {rows[j.name]["mbs"] for j in jobs.values() if j.source == "files" and j.metrics} == {"1"}
+    assert rows[jobs[",".join(sorted(KILLED))].name]["mbs"] == "2"
+    assert rows[jobs[" ".join(NEVER_STARTED)].name]["mbs"] == "4"
+    ranked = written["md"].read_text().split("## " + report.SECTIONS["main"])[1].split("\n## ")[0]
+    header, _, *lines = [ln.split(" | ") for ln in ranked.strip().splitlines()]
+    column = header.index("MBS")
+    assert len(lines) == sum(j.section == "main" for j in jobs.values() if j.rank) > 10
+    assert {ln[column] for ln in lines} == {"1"}
+
+
+def test_throughput_plot_puts_every_job_at_its_mbs(jobs: dict[str, report.Job], tmp_path: Path) -> None:
+    """No job is drawn at MBS 0: every fixture run sits in the "MBS 1" column (its series spread a little around
+    it), and each series is labelled once, with a label no other series has."""
+    ranked = [j for j in jobs.values() if j.rank]
+    fig = plots.plot_throughput_vs_mbs(ranked, report.baseline(ranked), tmp_path / "t.png")
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["MBS 1"]
+    xs = [x for line in ax.get_lines() for x in line.get_xdata()]
+    assert len(xs) == len(ranked) and all(abs(x) <= plots.DODGE / 2 for x in xs)
+    texts = annotations(ax)
+    assert len(texts) == len(plots.mbs_series(ranked, report.baseline(ranked))) == len(set(texts)) == len(ranked)
+
+
+def test_models_are_separate_series(jobs: dict[str, report.Job]) -> None:
+    """One line never joins two models (the tiny model and the 30B shapes) or two layouts."""
+    ranked = [j for j in jobs.values() if j.rank]
+    series = plots.mbs_series(ranked, report.baseline(ranked))
+    assert all(len({(j.choices["model"], labels.layout_text(j), j.layout["gpus"]) for j in s}) == 1
+               for s in series)
+    assert {s[0].choices["model"] for s in series} == {"tiny", "qwen3_vl_30b_a3b"}
+
+
+def test_labels_tell_jobs_apart(jobs: dict[str, report.Job], written: dict[str, Path], tmp_path: Path) -> None:
+    """Plot labels are the parts of the config that differ between jobs, unique per job, never a cut prefix."""
+    ranked = [j for j in jobs.values() if j.rank]
+    base = report.baseline(ranked)
+    texts = labels.distinct_labels(ranked, base)
+    assert len(set(texts)) == len(ranked) and not any("…" in t for t in texts)
+    by_case = dict(zip((case_name(j) for j in ranked), texts, strict=True))
+    assert by_case["tiny_fsdp_ep1_trainable_recompute-selective_graph-none_1gpu"] == "tiny fsdp ep1 1 GPU " \
+        "recompute=selective"
+    assert by_case["30b-shape-l4_fsdp_ep2_trainable_recompute-none_graph-none_2gpu"] == "qwen3_vl_30b_a3b fsdp ep2 " \
+        "2 GPUs data=realistic"
+    ticks = [t.get_text() for t in plots.plot_component_split(ranked, base, "flops", tmp_path / "s.png")
+             .axes[0].get_yticklabels()]
+    assert sorted(ticks) == sorted(t + (f"  (#{j.num})" if j.num is not None else "")
+                                   for t, j in zip(texts, ranked, strict=True))
+    points = annotations(plots.plot_memory_vs_throughput(ranked, base, tmp_path / "m.png").axes[0])
+    assert len(points) == len(set(points)) == len(ranked)
+
+
+def test_run_dirs_without_a_config(tmp_path: Path) -> None:
+    """The bare fixture dirs (metrics.jsonl, checks.json, train.log; no run_config.yaml or .hydra/): MBS is
+    unknown, so the plot says so instead of drawing 0; labels are the words of the run names that differ; frozen
+    vision comes from checks.json's parameter counts."""
+    jobs = report.gather(CASES)
+    ranked = [j for j in jobs if j.rank]
+    assert len(ranked) == 14 and all(j.mbs is None for j in jobs)
+    assert sorted(j.name for j in ranked if j.section == "frozen") == [
+        "30b-shape-l4_fsdp_ep1_frozen_recompute-none_graph-none_1gpu",
+        "tiny_fsdp_ep1_frozen_recompute-none_graph-none_1gpu"]
+    base = report.baseline(jobs)
+    ax = plots.plot_throughput_vs_mbs(jobs, base, tmp_path / "t.png").axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["MBS unknown"]
+    texts = annotations(ax)
+    assert len(texts) == len(set(texts)) == 14
+    assert "tiny fsdp ep1 trainable recompute-selective 1gpu" in texts  # graph-none: in every ranked run's name
+    rows = list(csv.DictReader((report.write_report(CASES, tmp_path / "out")["csv"]).open()))
+    assert {r["mbs"] for r in rows} == {""} and len(rows) == 15
+
+
 def test_component_times_replace_the_flop_split(tmp_path: Path) -> None:
     """With per-component times (another engineer adds them), the split is seconds, not FLOPs. The times here are
     derived from a real run: its step time divided in proportion to its FLOP split."""
@@ -288,20 +371,36 @@ def test_cli_report(sweep: Path, tmp_path: Path) -> None:
     assert {p.name for p in (tmp_path / "out").iterdir()} == {"report.md", "report.csv", *report.PLOTS.values()}
 
 
-def test_hydra_multirun_calls_the_callback(tmp_path: Path) -> None:
-    """A real `train.py -m` dry-run sweep with the callback given as in the hydra.callbacks YAML: conf/train.yaml's
-    sweeper (vlmtrain's preflight sweeper) skips the FSDP+PP job into preflight.json, the other job dry-runs, and
-    the report written at the end shows both."""
+def test_plain_multirun_writes_the_report(tmp_path: Path) -> None:
+    """A plain `train.py -m` dry-run sweep (no hydra.callbacks override: conf/train.yaml registers the report):
+    vlmtrain's preflight sweeper skips the FSDP+PP job into preflight.json, the other job dry-runs, and the report
+    written into the sweep dir at the end shows both, with its CSV and plots."""
     sweep = tmp_path / "multirun"
     cmd = [sys.executable, str(ROOT / "train.py"), "-m", "model=tiny", "parallelism=fsdp", "parallelism.pp=1,2",
-           "dry_run=true", f"hydra.sweep.dir={sweep}",
-           "+hydra.callbacks.report._target_=vlmtrain.report.ReportCallback"]
+           "dry_run=true", f"hydra.sweep.dir={sweep}"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"[vlmtrain] sweep report: {sweep / 'report.md'}" in proc.stdout
     md = (sweep / "report.md").read_text()
     assert "| #0 | dry run (planned, not trained) | bridge_config.yaml only |" in md
     assert "| (not launched) | skipped by preflight | fsdp_needs_pp1: " in md
+    rows = {r["overrides"]: r for r in csv.DictReader((sweep / "report.csv").open())}
+    assert rows["model=tiny parallelism=fsdp parallelism.pp=2 dry_run=True"]["status"] == "skipped"
+    assert rows["model=tiny parallelism=fsdp parallelism.pp=1 dry_run=True"]["status"] == "dry_run"
+    for name in report.PLOTS.values():
+        assert (sweep / name).read_bytes()[:8] == PNG_SIGNATURE, name
+
+
+def test_single_run_writes_no_report(tmp_path: Path) -> None:
+    """conf/train.yaml's report callback is instantiated for a single run too, and leaves it alone: a single run
+    that preflight refuses (exit 2, before Bridge is imported) ends without a report or a callback message."""
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, str(ROOT / "train.py"), *INVALID, "dry_run=true", f"hydra.run.dir={run_dir}"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "fsdp_needs_pp1" in proc.stdout
+    assert "sweep report" not in proc.stdout + proc.stderr
+    assert (run_dir / ".hydra").is_dir() and not (run_dir / "report.md").exists()
 
 
 def test_rates_are_total_work_over_total_time() -> None:

@@ -7,6 +7,11 @@ the launcher (basic, submitit_local or submitit_slurm), invalid ones are listed 
 and in the printed table. Launched jobs are numbered 0..N-1 (`hydra.job.num`), in the order of
 `preflight.json`'s "launched" list.
 
+Each job is checked against the world it will run on (vlmtrain.world.placement, the rule train.py applies): a
+dry run against what it declares (`gpus_per_node`, else the hardware group's); a training job launched locally
+(basic, submitit_local) against this node's GPUs, one sent to Slurm against the tasks per node its launcher
+requests. The table names that world for every job.
+
 Launcher parameters are resolved against each job's config, not only the sweep's: `hydra/launcher=slurm`
 derives nodes and GPUs per node from `nodes`, `gpus_per_node` and the hardware group, so a sweep over
 `hardware=gb200,h100` needs two resource shapes. Jobs are grouped by their resolved launcher parameters and
@@ -20,11 +25,10 @@ A job that fails while running does not stop the others; the sweep raises at the
 
 import copy
 import json
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper, BasicSweeperConf
 from hydra.core.config_store import ConfigStore
@@ -37,7 +41,9 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from vlmtrain.schema import RunConfig
+    from vlmtrain.world import Placement
 
 PREFLIGHT_FILE = "preflight.json"
 
@@ -70,6 +76,8 @@ class SweepJob:
     fail_sweep: bool = False
     launcher: dict[str, Any] = field(default_factory=dict)
     """The launcher parameters resolved against this job's config."""
+    world: str = ""
+    """The world preflight checked the job against, e.g. "1 node x 1 GPU (local)"."""
     num: int | None = None
     """hydra.job.num once launched (None when skipped)."""
 
@@ -85,11 +93,15 @@ class VlmtrainSweeper(BasicSweeper):
         self.preflight_only = preflight_only
         self.task_function: TaskFunction | None = None
         self._default_launcher_params: dict[str, Any] = {}
+        self._local_gpus = 0
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
+        from vlmtrain.run import local_gpus
+
         self.task_function = task_function
         self._default_launcher_params = _resolved(config.hydra.launcher)
+        self._local_gpus = local_gpus()
 
     # --- expansion and preflight ---------------------------------------------------------------------------
 
@@ -101,8 +113,9 @@ class VlmtrainSweeper(BasicSweeper):
         return [list(job) for batch in self.split_arguments(overrides, None) for job in batch]
 
     def check(self, overrides: list[str]) -> SweepJob:
-        """Compose one job as its launcher will, convert it to the RunConfig and run preflight on it."""
-        from vlmtrain import preflight
+        """Compose one job as its launcher will, convert it to the RunConfig, place it on the world it will run on
+        and run preflight on it."""
+        from vlmtrain import preflight, world
         from vlmtrain.compose import to_run
 
         assert self.hydra_context is not None and self.config is not None
@@ -110,7 +123,13 @@ class VlmtrainSweeper(BasicSweeper):
         job = SweepJob(overrides=list(overrides), launcher=_resolved(cfg.hydra.launcher),
                        fail_sweep=bool(OmegaConf.select(cfg, "preflight.fail_sweep", default=False)))
         try:
-            findings = preflight.check(to_run(cfg))
+            run = to_run(cfg)
+            place = self.placement(run, job.launcher)
+            job.world, run.gpus_per_node = str(place), place.gpus_per_node
+            findings = preflight.check(run)
+        except world.NoGpuError as e:
+            job.world = "no GPU (local)"
+            findings = [preflight.Finding("world", preflight.Severity.error, str(e))]
         except (OmegaConfBaseException, ValueError) as e:  # schema: a missing value, a wrong type
             message = " ".join(f"{type(e).__name__}: {e}".split())
             findings = [preflight.Finding("schema", preflight.Severity.error, message)]
@@ -118,6 +137,16 @@ class VlmtrainSweeper(BasicSweeper):
         job.valid = not errors
         job.findings = [str(f) for f in errors] + [str(f) for f in findings if f not in errors]
         return job
+
+    def placement(self, run: "RunConfig", launcher: dict[str, Any]) -> "Placement":
+        """vlmtrain.world.placement for this job's launcher: the GPUs and tasks per node Slurm will allocate
+        (hydra/launcher=slurm), else this node's GPUs (the basic and submitit_local launchers run jobs here)."""
+        from vlmtrain import world
+
+        if str(launcher.get("_target_", "")).endswith(".SlurmLauncher"):
+            return world.placement(run, int(launcher.get("gpus_per_node") or 0),
+                                   slurm_tasks_per_node=int(launcher["tasks_per_node"]))
+        return world.placement(run, self._local_gpus)
 
     # --- the sweep ---------------------------------------------------------------------------------------
 
@@ -215,19 +244,21 @@ def write_preflight(path: Path, jobs: list[SweepJob], launched: bool, preflight_
 
 
 def summary_table(jobs: list[SweepJob], path: Path) -> str:
-    """One line per job in sweep order: job number (or SKIP), overrides, errors or warning rule names."""
+    """One line per job in sweep order: job number (or SKIP), overrides, the world it was checked against, errors
+    or warning rule names."""
     n_ok = sum(j.valid for j in jobs)
     width = min(max((len(j.label) for j in jobs), default=9), 80)
+    ww = max((len(j.world) for j in jobs), default=5)
     lines = [f"[vlmtrain] sweep preflight: {len(jobs)} job(s), {n_ok} to launch, {len(jobs) - n_ok} skipped "
-             f"-> {path}", f"  {'job':>4}  {'overrides':<{width}}  findings"]
+             f"-> {path}", f"  {'job':>4}  {'overrides':<{width}}  {'world':<{ww}}  findings"]
     for j in jobs:
+        head = f"  {'SKIP' if not j.valid else '-' if j.num is None else j.num:>4}  {j.label:<{width}}  {j.world:<{ww}}"
         if j.valid:
-            num = "-" if j.num is None else j.num
             warned = [f.split(":", 1)[0].removeprefix("[warning] ") for f in j.findings]
-            lines.append(f"  {num:>4}  {j.label:<{width}}  {'warnings: ' + ', '.join(warned) if warned else '-'}")
+            lines.append(f"{head}  {'warnings: ' + ', '.join(warned) if warned else '-'}")
         else:
-            lines.append(f"  {'SKIP':>4}  {j.label:<{width}}  {j.findings[0]}")
-            lines += [f"  {'':>4}  {'':<{width}}  {f}" for f in j.findings[1:] if f.startswith("[error]")]
+            lines.append(f"{head}  {j.findings[0]}")
+            lines += [f"  {'':>4}  {'':<{width}}  {'':<{ww}}  {f}" for f in j.findings[1:] if f.startswith("[error]")]
     return "\n".join(lines)
 
 

@@ -59,13 +59,13 @@ def hybridep_env(hw: HardwareConfig, ep: int) -> dict[str, str]:
 
 
 def runtime_env(run: RunConfig) -> dict[str, str]:
-    """Every env var a rank needs: the hardware's own, the kernels group's, HybridEP topology when that dispatcher
-    runs, and NCCL_GRAPH_REGISTER=0 when CUDA graphs meet expandable segments (Megatron asserts it: illegal memory
-    access otherwise)."""
+    """Every env var a rank needs: the hardware's own, the kernels group's, the model group's (Qwen3.5's kernel
+    caches and FLA backend), HybridEP topology when that dispatcher runs, and NCCL_GRAPH_REGISTER=0 when CUDA graphs
+    meet expandable segments (Megatron asserts it: illegal memory access otherwise)."""
     from vlmtrain import world
-    from vlmtrain.groups import kernels
+    from vlmtrain.groups import kernels, model
 
-    env = {k: str(v) for k, v in run.hardware.env.items()} | kernels.env(run)
+    env = {k: str(v) for k, v in run.hardware.env.items()} | kernels.env(run) | model.env(run)
     if run.dispatcher.backend == "hybridep":
         env.update(hybridep_env(run.hardware, world.layout(run).ep))
     if run.cuda_graph.modules and "expandable_segments:True" in env.get("PYTORCH_CUDA_ALLOC_CONF", ""):

@@ -7,9 +7,16 @@
 | qwen3_vl_235b_a22b | 94 x 4096, 64 heads / 4 KV, head 128      | 128, top-8  | 27 x 1152, deepstack 8/16/24 |
 | qwen35_vl_35b_a3b  | 40 x 2048, GDN 3:1 attention, 16 / 2 KV    | 256, top-8 +shared | 27 x 1152, no deepstack |
 
-`model.num_layers=N` reduces decoder depth for benchmarking while keeping every layer's shape. The HF config
-goes through Megatron Bridge's own AutoBridge mapping (the path real checkpoints use), so the provider is the
-exact one Bridge would build for the published model.
+`model.num_layers=N` reduces decoder depth for benchmarking while keeping every layer's shape (Qwen3-VL needs
+N >= its deepstack layers, or fewer `model.vit.deepstack_indexes`: preflight says so). The HF config goes through
+Megatron Bridge's own AutoBridge mapping (the path real checkpoints use), so the provider is the exact one Bridge
+would build for the published model.
+
+Qwen3.5's Gated-DeltaNet layers run flash-linear-attention (FLA) kernels that are compiled on first use: Triton
+(autotuned), TileLang through nvcc (FLA's gated chunk backward on Hopper, where Triton < 3.7.1 computes it wrongly)
+and torch.compile'd Megatron helpers. Step 1 of a fresh run spent 219 s there on the H200, so `env()` puts every
+one of those caches under `data.cache_dir`/kernels, where later runs find them, and pins FLA's TileLang backend on
+SM90 (FLA_TILELANG=1; FLA also picks it there by default once tilelang and nvcc are present).
 """
 
 from __future__ import annotations
@@ -192,7 +199,46 @@ def build_provider(run: RunConfig, processor_dir: str | None = None) -> Any:
     provider = AutoBridge.from_hf_config(hf_config(run.model, processor_dir)).to_megatron_provider(load_weights=False)
     if run.model.family == Family.qwen35_vl:
         provider.mrope_section = list(run.model.mrope_section)  # its bridge reads only rope_scaling
+        require_gdn_backward()
     return provider
+
+
+def require_gdn_backward() -> None:
+    """On Hopper with Triton 3.4-3.7.0, FLA runs the gated chunk backward only through TileLang (tilelang installed,
+    nvcc found, FLA_TILELANG not 0) and otherwise raises at the first backward, after minutes of kernel
+    compilation: check FLA's own condition when the model is built instead. No-op without a GPU (dry runs)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return
+    from fla.backends import TileLangBackend
+    from fla.utils import IS_NVIDIA_HOPPER, TRITON_ABOVE_3_4_0, TRITON_ABOVE_3_7_1
+
+    if IS_NVIDIA_HOPPER and TRITON_ABOVE_3_4_0 and not TRITON_ABOVE_3_7_1 and not TileLangBackend.can_use():
+        raise RuntimeError(
+            "model=qwen35_vl_* on Hopper: FLA refuses its gated chunk backward under this Triton (< 3.7.1) unless "
+            "TileLang can run it, and it cannot here: install the locked tilelang (bash scripts/setup_env.sh), put "
+            "nvcc on PATH or set CUDA_HOME, and leave FLA_TILELANG unset or 1."
+        )
+
+
+def env(run: RunConfig) -> dict[str, str]:
+    """Qwen3.5 only: where the JIT-compiled Gated-DeltaNet kernels are cached (persistent, under data.cache_dir)
+    and, on SM90, FLA's TileLang backend (see the module docstring); hardware.runtime_env exports these."""
+    if run.model.family != Family.qwen35_vl:
+        return {}
+    from vlmtrain.groups.data import cache_dir
+
+    kernels = cache_dir(run) / "kernels"
+    out = {
+        "TILELANG_CACHE_DIR": str(kernels / "tilelang"),
+        "TRITON_CACHE_DIR": str(kernels / "triton"),
+        "TRITON_CACHE_AUTOTUNING": "1",  # FLA autotunes its Triton kernels; keep the choices with the kernels
+        "TORCHINDUCTOR_CACHE_DIR": str(kernels / "inductor"),  # Megatron's GDN helpers are torch.compile'd
+    }
+    if run.hardware.sm_major == 9:
+        out["FLA_TILELANG"] = "1"
+    return out
 
 
 def apply(run: RunConfig, cfg: ConfigContainer) -> None:

@@ -18,7 +18,7 @@ TIME_KEYS = ("time_vision_s", "time_projector_s", "time_decoder_s", "time_optimi
 """vlmtrain.timing's per-component seconds of a step (rank 0); `other` = step_s minus the named ones."""
 FLOP_KEYS = ("flops_vit", "flops_projector", "flops_decoder")
 COMPONENTS = ("ViT", "projector", "decoder", "optimizer", "data", "other")
-SUMMARY_KEYS = (*HEADLINE_KEYS, *TIME_KEYS, *FLOP_KEYS, "vlmtrain_host_s")
+SUMMARY_KEYS = (*HEADLINE_KEYS, *TIME_KEYS, *FLOP_KEYS, "vlmtrain_host_s", "skipped_samples")
 
 SECTIONS = {
     "main": "Ranking: trainable vision, real data",
@@ -32,6 +32,7 @@ STATUS = {
     "nccl_timeout": "NCCL timeout",
     "crash": "crash",
     "dry_run": "dry run (planned, not trained)",
+    "preflight_only": "passed preflight (preflight_only: not launched)",
     "incomplete": "incomplete",
 }
 
@@ -50,6 +51,8 @@ class Job:
     overrides: list[str] = field(default_factory=list)
     config: dict[str, Any] = field(default_factory=dict)
     metrics: dict[str, Any] = field(default_factory=dict)
+    checks: dict[str, Any] = field(default_factory=dict)
+    """checks.json: what the run really instantiated (trainable and frozen parameters per tower, ...)."""
     data_kind: str | None = None
     status: str = "incomplete"
     reason: str = ""
@@ -74,8 +77,14 @@ class Job:
 
     @property
     def frozen(self) -> bool:
+        """The config's vision freeze, else checks.json's (a ViT with no trainable parameter), else the choice."""
         vision = self.config.get("vision") or {}
-        return bool(vision.get("freeze_vision_model", self.choices.get("vision", "").startswith("frozen")))
+        if "freeze_vision_model" in vision:
+            return bool(vision["freeze_vision_model"])
+        towers = self.checks.get("params") or {}
+        if "vision" in towers:
+            return towers["vision"].get("trainable") == 0 and bool(towers["vision"].get("frozen"))
+        return self.choices.get("vision", "").startswith("frozen")
 
     @property
     def mock(self) -> bool:
@@ -96,7 +105,9 @@ class Job:
 
     @property
     def mbs(self) -> int | None:
-        return (self.config.get("train") or {}).get("micro_batch_size")
+        """train.micro_batch_size from the config, else the job's override; None when neither says (not 0)."""
+        value = self.knob("train.micro_batch_size")
+        return int(value) if value is not None and value.isdigit() else None
 
     @property
     def expected_steps(self) -> int | None:
@@ -110,11 +121,6 @@ class Job:
             out["vpp"] = lay.vpp
         gpus = self.metrics.get("gpus") or (lay.world_size if lay else None)
         return {**out, "gpus": gpus} if gpus else out
-
-    @property
-    def short_label(self) -> str:
-        """The label cut for plots, where a W&B run name would cover the neighbours."""
-        return self.label if len(self.label) <= 14 else self.label[:13] + "…"
 
     @property
     def label(self) -> str:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vlmtrain.report.job import COMPONENTS, FLOP_KEYS, SECTIONS, TIME_KEYS, Job
-from vlmtrain.report.labels import describe
+from vlmtrain.report.labels import baseline_note, distinct_labels, facets
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 PLOTS = {"throughput": "throughput_vs_mbs.png", "split": "component_split.png", "memory": "memory_vs_throughput.png"}
 MARKERS = {"main": ("o", "-"), "frozen": ("^", "--"), "mock": ("X", ":")}
@@ -14,6 +18,10 @@ SECTION_SHORT = {"main": "trainable vision, real data", "frozen": "frozen vision
 COMPONENT_COLORS = ("tab:orange", "tab:green", "tab:blue", "tab:purple", "tab:gray", "lightgray")
 LABEL_GAP = 0.035
 """Minimum vertical distance between point labels, as a fraction of the y span."""
+CHAR_IN, AXES_SHARE = 0.6 * 8 / 72, 0.8
+"""Estimated width of one 8 pt label character (inches), and the share of the figure's width its axes take."""
+DODGE = 0.3
+"""Horizontal spread of the throughput plot's series around each MBS column (1.0 = the distance between columns)."""
 
 
 def _figure(width: float, height: float) -> Any:
@@ -28,60 +36,98 @@ def _ranked(jobs: list[Job]) -> list[Job]:
 
 def _save(fig: Any, path: Path, empty: bool) -> None:
     if empty:
-        fig.axes[0].text(0.5, 0.5, "no finished runs to plot", ha="center", va="center",
-                         transform=fig.axes[0].transAxes)
+        fig.axes[0].text(0.5, 0.5, "no finished training run to plot\n(report.md lists the dry runs, skips and "
+                         "failures)", ha="center", va="center", transform=fig.axes[0].transAxes)
     fig.savefig(path)
 
 
-def _section_note(job: Job) -> str:
-    return "" if job.section == "main" else f" [{SECTION_SHORT[job.section]}]"
+def _title(ax: Any, title: str, note: str) -> None:
+    """The title, and under it the baseline the labels leave out (across the figure: it can be long)."""
+    ax.figure.suptitle("\n".join([title, *textwrap.wrap(note, 160)]), fontsize=10)
 
 
-def _label_points(ax: Any, points: list[tuple[float, float, str]], x_span: float) -> None:
-    """Job labels right of their points; in a crowded column they line up right of its rightmost point and move
-    up until they no longer overlap, with a leader line."""
+def _section_handles(jobs: list[Job]) -> list[Any]:
+    """Legend entries for the markers of the sections present (frozen vision, mock data)."""
+    from matplotlib.lines import Line2D
+
+    return [Line2D([], [], color="black", marker=MARKERS[s][0], linestyle="", label=SECTION_SHORT[s])
+            for s in SECTIONS if any(j.section == s for j in jobs)]
+
+
+def _label_points(ax: Any, points: list[tuple[float, float, str]]) -> None:
+    """Job labels right of their points, each moved up or down (with a leader line) until it covers no point and
+    no label placed before it. Text widths are estimated from the axes' x span: call after set_xlim."""
+    if not points:
+        return
     ys = [y for _, y, _ in points]
-    gap = LABEL_GAP * ((max(ys) - min(ys)) or max(ys) or 1.0) if ys else 0.0
-    columns: dict[int, list[tuple[float, float, str]]] = {}
-    for x, y, text in points:
-        columns.setdefault(int(x // (0.06 * x_span or 1.0)), []).append((x, y, text))
-    for column in columns.values():
-        last, right = float("-inf"), max(x for x, _, _ in column)
-        for x, y, text in sorted(column, key=lambda p: p[1]):
-            last = max(y, last + gap)
-            moved = (last, right) != (y, x)
-            ax.annotate(f"  {text}", (x, y), xytext=(right, last), textcoords="data", va="center", fontsize=8,
-                        arrowprops={"arrowstyle": "-", "lw": 0.4, "color": "gray"} if moved else None)
+    gap = LABEL_GAP * ((max(ys) - min(ys)) or max(ys) or 1.0)
+    x0, x1 = ax.get_xlim()
+    char = (x1 - x0) * CHAR_IN / (AXES_SHARE * ax.figure.get_figwidth())
+    steps = [0, *(sign * k for k in range(1, 2 * len(points) + 1) for sign in (1, -1))]
+    placed = [(x - char, x + char, y) for x, y, _ in points]  # the markers
+    for x, y, text in sorted(points, key=lambda p: (p[1], p[0])):
+        start, end = x + char, x + (len(text) + 4) * char
+        at = next((y + k * gap for k in steps if not any(abs(y + k * gap - py) < gap and start < pe and ps < end
+                                                          for ps, pe, py in placed)), y)
+        placed.append((start, end, at))
+        moved = at != y
+        ax.annotate(f"  {text}", (x, y), xytext=(x + 2 * char if moved else x, at), textcoords="data", va="center",
+                    fontsize=8, arrowprops={"arrowstyle": "-", "lw": 0.4, "color": "gray"} if moved else None)
 
 
-def plot_throughput_vs_mbs(jobs: list[Job], base: dict[str, str], path: Path) -> None:
-    """One line per configuration (model, layout, other knobs) over micro-batch size: is a bigger MBS worth it?"""
-    series: dict[str, list[Job]] = {}
+def mbs_series(jobs: list[Job], base: dict[str, str]) -> list[list[Job]]:
+    """Ranked jobs grouped by everything but MBS (model, layout, GPUs, every other knob, section), so one line never
+    joins two models or layouts; a job without a config is a series of its own."""
+    groups: dict[tuple[str, ...], list[Job]] = {}
     for job in _ranked(jobs):
-        key = f"{describe(job, base)} x{job.layout.get('gpus', '?')} GPU{_section_note(job)}"
-        series.setdefault(key, []).append(job)
-    fig = _figure(12, 6)
+        key = (job.section, *facets(job, base, mbs=False).values())
+        groups.setdefault(key, []).append(job)
+    return list(groups.values())
+
+
+def plot_throughput_vs_mbs(jobs: list[Job], base: dict[str, str], path: Path) -> Figure:
+    """One line per configuration over micro-batch size (is a bigger MBS worth it?), each labelled with what
+    differs between the lines. MBS is a category axis (1, 2, 4, 8 evenly spaced), and a job whose MBS is unknown
+    goes to an "MBS unknown" column instead of 0; series are spread a little around each column."""
+    series = mbs_series(jobs, base)
+    known = sorted({j.mbs for s in series for j in s if j.mbs is not None})
+    unknown = any(j.mbs is None for s in series for j in s)
+    column = {m: i for i, m in enumerate(known)}
+    fig = _figure(13, 6.5)
     ax = fig.add_subplot()
     ax.set_prop_cycle(color=[f"tab:{c}" for c in ("blue", "orange", "green", "red", "purple", "brown", "pink",
                                                     "gray", "olive", "cyan")] + ["black", "gold", "navy", "lime"])
+    labels = distinct_labels([s[0] for s in series], base, mbs=False)
     points = []
-    for label, members in series.items():
-        members.sort(key=lambda j: j.mbs or 0)
+    for i, (members, label) in enumerate(zip(series, labels, strict=True)):
+        members.sort(key=lambda j: (j.mbs is None, j.mbs or 0))
         marker, style = MARKERS[members[0].section]
-        xs = [j.mbs or 0 for j in members]
+        dodge = DODGE * (i / (len(series) - 1) - 0.5) if len(series) > 1 else 0.0  # same MBS, same y: still apart
+        xs = [dodge + (column[j.mbs] if j.mbs is not None else len(known)) for j in members]
         ys = [j.metrics["useful_tokens_per_s_per_gpu"] for j in members]
-        ax.plot(xs, ys, marker=marker, linestyle=style, label=f"{', '.join(j.short_label for j in members)}: {label}")
-        points += [(x, y, j.short_label) for j, x, y in zip(members, xs, ys, strict=True)]
-    mbs = sorted({j.mbs or 0 for j in _ranked(jobs)})
-    _label_points(ax, points, (max(mbs) - min(mbs)) or 1.0 if mbs else 1.0)
-    ax.set_xticks(mbs or [1])
+        n = sum(j.mbs is not None for j in members)  # members sort known MBS first: no line into "unknown"
+        (line,) = ax.plot(xs[:n], ys[:n], marker=marker, linestyle=style)
+        ax.plot(xs[n:], ys[n:], marker=marker, linestyle="", color=line.get_color())
+        points.append((xs[-1], ys[-1], f"{label}{_numbers(members)}"))
+    ticks = [f"MBS {m}" for m in known] + (["MBS unknown"] if unknown else [])
+    ax.set_xticks(range(len(ticks)), ticks)
+    ax.set_xlim(-0.3, len(ticks) - 0.3 + 0.7 * max(len(ticks), 1))  # room for the labels right of the last column
+    _label_points(ax, points)
     ax.set_xlabel("micro-batch size (samples per GPU per micro-step)")
     ax.set_ylabel("useful tokens/s/GPU (after warm-up)")
-    ax.set_title("Throughput vs micro-batch size, one line per configuration")
+    _title(ax, "Throughput vs micro-batch size, one line per configuration (labels: what differs)",
+           baseline_note([s[0] for s in series], base))
     ax.grid(alpha=0.3)
-    if series:
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="job: model layout, changes x GPUs")
+    if len(handles := _section_handles([s[0] for s in series])) > 1:
+        ax.legend(handles=handles, fontsize=8, loc="lower right")
     _save(fig, path, not series)
+    return fig
+
+
+def _numbers(members: list[Job]) -> str:
+    """The members' job numbers (the tables' job column), when they have them."""
+    nums = [f"#{j.num}" for j in members if j.num is not None]
+    return f"  ({', '.join(nums)})" if nums else ""
 
 
 def _split_values(job: Job, kind: str) -> list[float]:
@@ -98,7 +144,7 @@ def _bar_total(job: Job, kind: str) -> str:
     return f"  {sum(job.metrics.get(k, 0.0) for k in FLOP_KEYS) / 1e12:,.1f} TFLOP/step"
 
 
-def plot_component_split(jobs: list[Job], base: dict[str, str], kind: str, path: Path) -> None:
+def plot_component_split(jobs: list[Job], base: dict[str, str], kind: str, path: Path) -> Figure:
     """Stacked bars per ranked job: seconds per component when measured, else the share of model FLOPs."""
     ranked = _ranked(jobs)
     fig = _figure(12, 1.6 + 0.4 * max(len(ranked), 1))
@@ -115,21 +161,23 @@ def plot_component_split(jobs: list[Job], base: dict[str, str], kind: str, path:
     for y, above, below in zip(ys[1:], ranked, ranked[1:], strict=False):
         if above.section != below.section:
             ax.axhline(y + 0.5, color="black", linestyle=":", linewidth=1)
-    ax.set_yticks(ys, [f"{j.short_label} {describe(j, base)}{_section_note(j)}" for j in ranked], fontsize=8)
+    ticks = [f"{label}{_numbers([j])}" for j, label in zip(ranked, distinct_labels(ranked, base), strict=True)]
+    ax.set_yticks(ys, ticks, fontsize=8)
     if kind == "time":
         ax.set_xlabel("time per step (s, median after warm-up)")
         ax.set_xlim(0, max(left + [1e-9]) * 1.25)
-        ax.set_title("Step time split by component")
+        _title(ax, "Step time split by component", baseline_note(ranked, base))
     else:
         ax.set_xlabel("share of model FLOPs per step (%); metrics.jsonl has no per-component times")
         ax.set_xlim(0, 125)
-        ax.set_title("Model FLOP split per step (FLOPs, not time)")
+        _title(ax, "Model FLOP split per step (FLOPs, not time)", baseline_note(ranked, base))
     ax.grid(axis="x", alpha=0.3)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, title="component")
     _save(fig, path, not ranked)
+    return fig
 
 
-def plot_memory_vs_throughput(jobs: list[Job], path: Path) -> None:
+def plot_memory_vs_throughput(jobs: list[Job], base: dict[str, str], path: Path) -> Figure:
     """Peak memory against throughput, with each hardware group's memory as a line: where is headroom left?"""
     from matplotlib.lines import Line2D
 
@@ -148,17 +196,19 @@ def plot_memory_vs_throughput(jobs: list[Job], path: Path) -> None:
         ax.text(mem, 1.0, f"{hw}: {mem:.0f} GiB ", color="red", ha="right", va="top", fontsize=8,
                 transform=ax.get_xaxis_transform())
     x_max = max([m for _, m in budgets] + [j.metrics["peak_mem_gib"] for j in ranked] + [1.0]) * 1.05
-    _label_points(ax, [(j.metrics["peak_mem_gib"], j.metrics["useful_tokens_per_s_per_gpu"], j.short_label)
-                       for j in ranked], x_max)
-    handles = [Line2D([], [], color=c, marker="o", linestyle="", label=f"model={m}") for m, c in colors.items()]
-    handles += [Line2D([], [], color="black", marker=MARKERS[s][0], linestyle="", label=SECTION_SHORT[s])
-                for s in SECTIONS if any(j.section == s for j in ranked)]
+    handles = [Line2D([], [], color=c, marker="o", linestyle="", label=f"model={m}" if m != "?" else "model unknown")
+               for m, c in colors.items()]
+    handles += _section_handles(ranked)
     if handles:
         ax.legend(handles=handles, fontsize=8, loc="lower right")
     ax.set_xlim(0, x_max)
     ax.set_ylim(bottom=0)
+    _label_points(ax, [(j.metrics["peak_mem_gib"], j.metrics["useful_tokens_per_s_per_gpu"], f"{label}{_numbers([j])}")
+                       for j, label in zip(ranked, distinct_labels(ranked, base), strict=True)])
     ax.set_xlabel("peak allocated memory per GPU (GiB, max over ranks)")
     ax.set_ylabel("useful tokens/s/GPU (after warm-up)")
-    ax.set_title("Peak memory vs throughput (red dashed: GPU memory; headroom = distance to it)")
+    _title(ax, "Peak memory vs throughput (red dashed: GPU memory; headroom = distance to it)",
+           baseline_note(ranked, base))
     ax.grid(alpha=0.3)
     _save(fig, path, not ranked)
+    return fig

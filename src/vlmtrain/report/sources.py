@@ -43,23 +43,27 @@ def _job_num(name: str) -> int | None:
 def job_from_dir(job_dir: Path) -> Job:
     """One job from the files its run wrote."""
     rows = read_jsonl(job_dir / "metrics.jsonl")
+    checks = _checks(job_dir)
     job = Job(name=job_dir.name, source="files", num=_job_num(job_dir.name), path=job_dir,
               overrides=list(load_yaml(job_dir / ".hydra" / "overrides.yaml") or []), config=_job_config(job_dir),
-              metrics=steady_metrics(rows), data_kind=rows[0].get("data_kind") if rows else None)
+              metrics=steady_metrics(rows), checks=checks or {}, data_kind=rows[0].get("data_kind") if rows else None)
+    # MetricsCallback writes the after-training checks into checks.json in on_train_end
+    ended = None if checks is None else "frozen_unchanged" in checks
     job.status, job.reason = classify(log_text(job_dir), job.metrics.get("steps", 0), job.expected_steps,
-                                      dry_run=(job_dir / "bridge_config.yaml").exists(), ended=_ended(job_dir))
+                                      dry_run=(job_dir / "bridge_config.yaml").exists(), ended=ended)
     return job
 
 
-def _ended(job_dir: Path) -> bool | None:
-    """Whether checks.json holds the after-training checks (MetricsCallback writes them in on_train_end)."""
+def _checks(job_dir: Path) -> dict[str, Any] | None:
+    """checks.json; None when the run wrote none, {} when it is unreadable (cut off mid-write)."""
     path = job_dir / "checks.json"
     if not path.exists():
         return None
     try:
-        return "frozen_unchanged" in json.loads(path.read_text())
-    except (json.JSONDecodeError, TypeError):
-        return False
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def _is_job_dir(path: Path) -> bool:
@@ -91,7 +95,8 @@ def _override_key(overrides: list[str]) -> frozenset[str]:
 
 def preflight_jobs(sweep_dir: Path, jobs: list[Job]) -> list[Job]:
     """preflight.json (vlmtrain's sweeper): skipped jobs with their findings (a job dir with the same overrides is
-    marked skipped), and launched jobs (numbered in list order) that never made a job directory."""
+    marked skipped), and launched jobs (numbered in list order) that never made a job directory (or, in a
+    preflight_only sweep, were never meant to)."""
     path = sweep_dir / "preflight.json"
     data = json.loads(path.read_text()) if path.exists() else {}
     by_key = {_override_key(j.overrides): j for j in jobs if j.overrides}
@@ -103,10 +108,13 @@ def preflight_jobs(sweep_dir: Path, jobs: list[Job]) -> list[Job]:
         job.status, job.reason = "skipped", _skip_reason(list(entry.get("findings") or []))
         if job.source == "preflight":
             new.append(job)
+    planned = bool(data.get("preflight_only"))
     for num, overrides in enumerate(data.get("launched", [])):
         if _override_key(list(overrides)) not in by_key:
             new.append(Job(name=" ".join(overrides), source="preflight-launched", num=num, overrides=list(overrides),
-                           reason="launched, but no job directory was written (never started?)"))
+                           status="preflight_only" if planned else "incomplete",
+                           reason="hydra.sweeper.preflight_only=true: not launched" if planned
+                           else "launched, but no job directory was written (never started?)"))
     return new
 
 

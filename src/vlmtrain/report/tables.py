@@ -18,7 +18,7 @@ CSV_COLUMNS = ["section", "rank", "job", "num", "source", "status", "reason", "d
                "gpus", "tp", "pp", "ep", "mbs", "frozen_vision", "mock_data", "steps", "useful_tokens_per_s_per_gpu",
                "padded_tokens_per_s_per_gpu", "nonpad_fraction", "mfu", "tflops_per_s_per_gpu", "step_s",
                "peak_mem_gib", "memory_gib", "headroom_gib", *TIME_KEYS, *FLOP_KEYS, "first_loss", "last_loss",
-               "overrides", "path"]
+               "skipped_samples", "overrides", "path"]
 
 
 def csv_row(job: Job, base: dict[str, str]) -> dict[str, Any]:

@@ -28,7 +28,7 @@ def write_report(source: str | Path, out: Path | None = None) -> dict[str, Path]
     paths.update({k: out / name for k, name in PLOTS.items()})
     plot_throughput_vs_mbs(jobs, base, paths["throughput"])
     plot_component_split(jobs, base, split_kind(jobs), paths["split"])
-    plot_memory_vs_throughput(jobs, paths["memory"])
+    plot_memory_vs_throughput(jobs, base, paths["memory"])
     return paths
 
 
@@ -47,8 +47,9 @@ def safe_write(sweep_dir: str | Path) -> Path | None:
 class ReportCallback(Callback):
     """Hydra callback: write the sweep report when a multirun ends; a report problem never fails the sweep.
 
-    Hydra calls on_multirun_end only when the sweeper returns: a sweep whose jobs failed raises first (Hydra's
-    BasicSweeper, vlmtrain's SweepJobsFailed), so then run `vlmtrain report <sweep dir>` (or call safe_write)."""
+    conf/train.yaml registers it for every run; only a -m sweep calls on_multirun_end (single runs never do).
+    Hydra calls it only when the sweeper returns; vlmtrain's sweeper also calls it before it raises (skipped or
+    failed jobs). After a sweep whose sweeper raised first (Hydra's BasicSweeper), run `vlmtrain report <dir>`."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         try:

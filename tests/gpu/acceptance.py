@@ -1,0 +1,195 @@
+"""The GPU acceptance suite: every path a new user takes, run through `python train.py` on one GPU node.
+
+    python tests/gpu/acceptance.py [--only NAME ...] [--out DIR] [--results results/gpu_acceptance.jsonl]
+    pytest -m gpu tests/gpu/test_acceptance.py         # the same cases, asserted
+
+Cases are data (CASES): the three models, every data kind from real files (made here from the shipped photos
+with `vlmtrain data export`), bad images with and without `data.skip_bad_images`, and a real `-m` sweep with its
+report. Cases of one `slot` group run side by side on the one GPU (the tiny ones need a few GiB each, so their
+timings are not performance figures); `exclusive` cases run alone. Each finished case appends one row to the
+results file (name, command, date, machine, rc, metrics) and `verdict()` says what it expected and did not see.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+
+from vlmtrain import results  # noqa: E402
+
+TINY = ["model=tiny", "train.iterations=10", "train.global_batch_size=8"]
+SHAPE_30B = ["model=qwen3_vl_30b_a3b", "model.num_layers=4", "data=realistic", "train.iterations=8",
+             "train.global_batch_size=8"]
+SHAPE_35 = ["model=qwen35_vl_35b_a3b", "model.num_layers=4", "data=realistic", "train.iterations=6",
+            "train.global_batch_size=8"]
+# The largest 235B depth one H200 holds (memory estimate 92.5 GiB): one layer, so one deepstack merger.
+SHAPE_235B = ["model=qwen3_vl_235b_a22b", "model.num_layers=1", "model.vit.deepstack_indexes=[8]", "data=realistic",
+              "train.iterations=6", "train.global_batch_size=8"]
+INPUTS = "{inputs}"
+"""Placeholder in overrides for the folder prepare_inputs() writes the exported datasets into."""
+EXPORTS = {"jsonl": [], "parquet": [], "hf": [], "energon": [], "parquet_bad": ["--corrupt", "2"]}
+"""Folder under INPUTS -> extra `vlmtrain data export` arguments (the format is the folder name's first part)."""
+
+
+@dataclass
+class Case:
+    name: str
+    overrides: list[str]
+    exclusive: bool = False
+    """Runs alone on the GPU (large models), else side by side with the other non-exclusive cases."""
+    sweep: bool = False
+    """A `-m` sweep: run in its own sweep dir, checked by its preflight.json and report."""
+    expect_rc: int = 0
+    expect: dict[str, Any] = field(default_factory=dict)
+    """skipped_samples: N; message: regex the output must match; sweep_jobs: N; max_first_step_s: s."""
+
+
+CASES: list[Case] = [
+    Case("tiny_sample", TINY),
+    Case("tiny_realistic", [*TINY, "data=realistic"]),
+    Case("tiny_jsonl", [*TINY, "data=jsonl", f"data.path={INPUTS}/jsonl/data.jsonl"]),
+    Case("tiny_parquet", [*TINY, "data=parquet", f"data.path={INPUTS}/parquet/data.parquet"]),
+    Case("tiny_hf", [*TINY, "data=hf", f"data.path={INPUTS}/hf"]),
+    Case("tiny_energon", [*TINY, "data=energon", f"data.path={INPUTS}/energon"]),
+    Case("tiny_mock", [*TINY, "data=mock"]),
+    Case("tiny_parquet_bad_skipped", [*TINY, "data=parquet", f"data.path={INPUTS}/parquet_bad/data.parquet",
+                                      "data.skip_bad_images=true"], expect={"skipped_samples": 2}),
+    Case("tiny_parquet_bad_refused", [*TINY, "data=parquet", f"data.path={INPUTS}/parquet_bad/data.parquet"],
+         expect_rc=2, expect={"message": r"parquet_bad/data\.parquet.*row \d+"}),
+    Case("tiny_sweep_mbs", ["train.micro_batch_size=1,2", "train.iterations=6"], sweep=True,
+         expect={"sweep_jobs": 2}),
+    Case("30b-shape-l4_realistic", SHAPE_30B, exclusive=True),
+    # beside the tiny cases: its first run is mostly TileLang's kernel JIT (minutes), which the next case must skip
+    Case("qwen35-l4_first-run", SHAPE_35),
+    Case("qwen35-l4_second-run", SHAPE_35, exclusive=True, expect={"max_first_step_s": 60.0}),
+    Case("235b-l1_realistic", SHAPE_235B, exclusive=True),
+]
+
+
+def overrides(case: Case, inputs: Path) -> list[str]:
+    """The case's train.py arguments as recorded (one GPU, no W&B upload)."""
+    return [*(["-m"] if case.sweep else []), *(o.replace(INPUTS, str(inputs)) for o in case.overrides),
+            "gpus_per_node=1", "wandb.enabled=false"]
+
+
+def prepare_inputs(inputs: Path) -> None:
+    """The real-file datasets of the data-kind cases, written from the shipped photos by vlmtrain itself."""
+    for folder, extra in EXPORTS.items():
+        if not (inputs / folder).exists():
+            fmt = folder.split("_")[0]
+            subprocess.run([sys.executable, "-m", "vlmtrain.cli", "data", "export", "--format", fmt,
+                            "--out", str(inputs / folder), *extra], check=True, cwd=ROOT)
+
+
+def _start(case: Case, out: Path, inputs: Path, port: int) -> tuple[subprocess.Popen[bytes], Path, float]:
+    run_dir = out / case.name
+    shutil.rmtree(run_dir, ignore_errors=True)  # a re-run must not append to old files
+    run_dir.mkdir(parents=True)
+    where = f"hydra.sweep.dir={run_dir}" if case.sweep else f"hydra.run.dir={run_dir}"
+    cmd = [sys.executable, str(ROOT / "train.py"), *overrides(case, inputs), where]
+    log = (run_dir / "train.log").open("wb")
+    env = dict(os.environ, MASTER_PORT=str(port), PYTHONUNBUFFERED="1")
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT), run_dir, time.time()
+
+
+def outcome(case: Case, rc: int, run_dir: Path, wall_s: float) -> dict[str, Any]:
+    """What the case's run dir says: rc, summary metrics, skipped samples, first step time, checks, sweep report."""
+    log = (run_dir / "train.log").read_text(errors="replace")
+    job_dirs = sorted(p.parent for p in run_dir.glob("*/metrics.jsonl")) if case.sweep else [run_dir]
+    rows = results.read_jsonl(job_dirs[0] / "metrics.jsonl") if job_dirs else []
+    summary = results.summarize(job_dirs[0]) if job_dirs else {}
+    metrics: dict[str, Any] = {k: summary[k] for k in ("steps", "first_loss", "last_loss", "mfu", "peak_mem_gib",
+                                                       "step_s", "useful_tokens_per_s_per_gpu") if k in summary}
+    if rows:
+        metrics["first_step_s"] = rows[0].get("step_s")
+        metrics["skipped_samples"] = rows[-1].get("skipped_samples", 0)
+    checks_file = job_dirs[0] / "checks.json" if job_dirs else run_dir / "checks.json"
+    out: dict[str, Any] = {"rc": rc, "wall_s": round(wall_s, 1), "metrics": metrics,
+                           "checks": json.loads(checks_file.read_text()) if checks_file.exists() else {},
+                           "log_tail": log[-3000:]}
+    if case.sweep:
+        pre = run_dir / "preflight.json"
+        out["sweep"] = {"jobs_with_metrics": len(job_dirs),
+                        "preflight": json.loads(pre.read_text()) if pre.exists() else None,
+                        "report": sorted(p.name for p in run_dir.iterdir() if p.suffix in (".md", ".csv", ".png"))}
+    return out
+
+
+def verdict(case: Case, got: dict[str, Any]) -> list[str]:
+    """What the case expected and did not see (empty: it passed)."""
+    problems: list[str] = []
+    m, want = got["metrics"], case.expect
+    if got["rc"] != case.expect_rc:
+        problems.append(f"rc {got['rc']}, expected {case.expect_rc}")
+    if "message" in want and not re.search(want["message"], got["log_tail"]):
+        problems.append(f"output does not match {want['message']!r}")
+    if case.expect_rc == 0:
+        if not (m.get("first_loss") and m.get("last_loss") and m["last_loss"] < m["first_loss"]):
+            problems.append(f"loss did not fall: {m.get('first_loss')} -> {m.get('last_loss')}")
+        if not m.get("mfu") or not m.get("peak_mem_gib"):
+            problems.append("no mfu / peak_mem_gib recorded")
+        if got["checks"].get("dispatcher_classes") != ["MoEAlltoAllTokenDispatcher"]:
+            problems.append(f"dispatcher_classes {got['checks'].get('dispatcher_classes')}")
+    if "skipped_samples" in want and m.get("skipped_samples") != want["skipped_samples"]:
+        problems.append(f"skipped_samples {m.get('skipped_samples')}, expected {want['skipped_samples']}")
+    if "max_first_step_s" in want and not (m.get("first_step_s") or 1e9) <= want["max_first_step_s"]:
+        problems.append(f"first step {m.get('first_step_s')} s > {want['max_first_step_s']} s (JIT not cached?)")
+    if "sweep_jobs" in want:
+        sw = got.get("sweep") or {}
+        pre = sw.get("preflight") or {}
+        if len(pre.get("launched", [])) != want["sweep_jobs"] or pre.get("skipped"):
+            problems.append(f"sweep preflight launched {len(pre.get('launched', []))}, skipped {pre.get('skipped')}")
+        if sw.get("jobs_with_metrics") != want["sweep_jobs"]:
+            problems.append(f"{sw.get('jobs_with_metrics')} sweep job(s) wrote metrics")
+        if not {"report.md", "report.csv"} <= set(sw.get("report", [])) or not any(
+                p.endswith(".png") for p in sw.get("report", [])):
+            problems.append(f"sweep report files: {sw.get('report')}")
+    return problems
+
+
+def run(cases: list[Case], out: Path, results_path: Path, inputs: Path, commit: str) -> dict[str, list[str]]:
+    """Run the cases (side-by-side ones first, then each exclusive one alone); one results row per case."""
+    prepare_inputs(inputs)
+    problems: dict[str, list[str]] = {}
+    batches = [[c for c in cases if not c.exclusive], *([c] for c in cases if c.exclusive)]
+    for batch in (b for b in batches if b):
+        started = [(c, *_start(c, out, inputs, 29600 + 10 * i)) for i, c in enumerate(batch)]
+        for case, proc, run_dir, t0 in started:
+            got = outcome(case, proc.wait(), run_dir, time.time() - t0)
+            problems[case.name] = verdict(case, got)
+            metrics = {"rc": got["rc"], **got["metrics"], "wall_s": got["wall_s"]}
+            results.append(results_path, case.name, "python train.py " + " ".join(overrides(case, Path("<inputs>"))),
+                           metrics, commit=commit, ok=not problems[case.name], problems=problems[case.name],
+                           side_by_side=[c.name for c in batch] if len(batch) > 1 else [],
+                           **({"sweep": got["sweep"]} if case.sweep else {}))
+            print(f"[acceptance] {case.name}: {'ok' if not problems[case.name] else problems[case.name]} "
+                  f"{json.dumps(metrics)}", flush=True)
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", nargs="*", help="case names (substring match)")
+    ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "acceptance")
+    ap.add_argument("--results", type=Path, default=ROOT / "results" / "gpu_acceptance.jsonl")
+    ap.add_argument("--commit", default=os.environ.get("VLMTRAIN_COMMIT", "unknown"),
+                    help="the commit the run dirs were made with (recorded in every row)")
+    args = ap.parse_args(argv)
+    cases = [c for c in CASES if not args.only or any(s in c.name for s in args.only)]
+    problems = run(cases, args.out, args.results, args.out / "inputs", args.commit)
+    return 1 if any(problems.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
