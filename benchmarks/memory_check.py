@@ -38,7 +38,6 @@ TARGET_PCT = 15.0
 COLLATE_PAD_MULTIPLE = 128
 """Bridge's qwen2_5_collate_fn pads every micro-batch to a multiple of 128 tokens (pad_to_multiple_of)."""
 BENCHMARK_COMMAND = "python benchmarks/memory_check.py"
-MEASURED_MACHINE = "2x NVIDIA H200"
 
 
 def overrides(command: str) -> list[str]:
@@ -86,6 +85,13 @@ def error_pct(estimated: float, measured: float) -> float:
     return round(100.0 * (estimated - measured) / measured, 1)
 
 
+def rebuildable(record: dict[str, Any]) -> bool:
+    """A finished single run whose data this machine regenerates (shipped photos; not mock, not a user's files)."""
+    cmd = record["command"]
+    return (record["metrics"].get("rc", 0) == 0 and bool(record["metrics"].get("peak_mem_gib"))
+            and " -m " not in cmd and "<inputs>" not in cmd and "data=mock" not in cmd)
+
+
 def row(record: dict[str, Any], lengths_cache: dict[str, list[tuple[int, int]]], cache_dir: Path) -> dict[str, Any]:
     ov = overrides(record["command"])
     run = compose([*ov, f"data.cache_dir={cache_dir}"])
@@ -100,7 +106,7 @@ def row(record: dict[str, Any], lengths_cache: dict[str, list[tuple[int, int]]],
         "name": record["name"],
         "command": {"benchmark": BENCHMARK_COMMAND, "gpu": record["command"]},
         "date": datetime.date.today().isoformat(),
-        "machine": MEASURED_MACHINE,
+        "machine": record["machine"],
         "measured_date": record.get("date"),
         "metrics": {"estimated_gib": round(b.allocated, 3), "measured_gib": round(measured, 3), "error_pct": err,
                     "worst_case_gib": round(worst.allocated, 3),
@@ -128,7 +134,8 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--measured", type=Path, default=ROOT / "results" / "gpu_training.jsonl")
+    ap.add_argument("--measured", type=Path, nargs="+",
+                    default=[ROOT / "results" / "gpu_training.jsonl", ROOT / "results" / "gpu_acceptance.jsonl"])
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "memory_estimates.jsonl")
     ap.add_argument("--cache-dir", type=Path, default=ROOT / "outputs" / "memory_check_cache",
                     help="where the runs' datasets and processor are materialized (kept out of ~/.cache)")
@@ -137,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.table:
         print(markdown_table(results.read_jsonl(args.out)), end="")
         return 0
-    records = results.latest(results.read_jsonl(args.measured))
+    records = [r for path in args.measured for r in results.latest(results.read_jsonl(path)) if rebuildable(r)]
     lengths_cache: dict[str, list[tuple[int, int]]] = {}
     rows = [row(r, lengths_cache, args.cache_dir.absolute()) for r in records]
     args.out.write_text("".join(json.dumps(r) + "\n" for r in rows))

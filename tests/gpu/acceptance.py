@@ -78,9 +78,11 @@ CASES: list[Case] = [
 
 
 def overrides(case: Case, inputs: Path) -> list[str]:
-    """The case's train.py arguments as recorded (one GPU, no W&B upload)."""
+    """The case's train.py arguments (one GPU, no W&B upload). A sweep leaves gpus_per_node unset, as a user does:
+    its preflight must count this node's GPUs (the sweep recorded on 2026-12-01 still set gpus_per_node=1)."""
+    world = [] if case.sweep else ["gpus_per_node=1"]
     return [*(["-m"] if case.sweep else []), *(o.replace(INPUTS, str(inputs)) for o in case.overrides),
-            "gpus_per_node=1", "wandb.enabled=false"]
+            *world, "wandb.enabled=false"]
 
 
 def prepare_inputs(inputs: Path) -> None:

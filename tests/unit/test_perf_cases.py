@@ -160,7 +160,8 @@ def test_bridge_step_times_match_vlmtrain_metrics(run_dir: Path) -> None:
         if step and it in profiled - {int(step[1])}:
             assert t > rows[it] * 1.05, it
         else:
-            assert t == pytest.approx(rows[it], rel=0.02) or (it == 1 and t > rows[it]), it
+            # 5 %: the 1-GPU fixtures of 2026-12-01 shared the GPU with another job (up to 3.3 %; fixtures README)
+            assert t == pytest.approx(rows[it], rel=0.05) or (it == 1 and t > rows[it]), it
     assert overhead.steady(ms) == [ms[i] for i in sorted(ms) if i > overhead.SKIP]
     left = overhead.steady(ms, left_out=profiled)
     assert left == [ms[i] for i in sorted(ms) if i > overhead.SKIP and i not in profiled]
