@@ -25,6 +25,8 @@ from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING
 
 from vlmtrain import world
+from vlmtrain.data.realistic import COLLATE_MAX_TOKENS as COLLATE_MAX_IMAGE_TOKENS
+from vlmtrain.data.realistic import COLLATE_MIN_TOKENS as COLLATE_MIN_IMAGE_TOKENS
 from vlmtrain.groups.data import Kind as DataKind
 from vlmtrain.groups.data import pads_to_max_length
 from vlmtrain.groups.dispatcher import Backend
@@ -66,10 +68,6 @@ max_memory_allocated() cannot see it. Only `total` (the fit check) includes it."
 FLEX_DISPATCHER_BUFFER_GIB = 1.0
 """DeepEP/HybridEP communication buffers, allocated once per process by Megatron's fused_a2a. Assumed, not
 measured (no flex-dispatcher run on record)."""
-COLLATE_MAX_IMAGE_TOKENS = 980
-"""Bridge's Qwen-VL collate resizes every image to at most max_pixels=1003520, i.e. 980 tokens of 32x32 px."""
-COLLATE_MIN_IMAGE_TOKENS = 196
-"""... and to at least min_pixels=200704, i.e. 196 tokens."""
 PATCHES_PER_TOKEN = 4
 """The ViT sees 16x16 patches; the 2x2 merger turns 4 patches into one LLM token."""
 VIT_PATCH_INPUT = 3 * 2 * 16 * 16
