@@ -5,24 +5,24 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from vlmtrain.schema import register
+from vlmtrain.config.schema import register
 
 register()
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> None:
-    from vlmtrain.run import main as run_main
+    from vlmtrain.flow import main as run_main
 
     status = run_main(cfg)
     if status:
-        from vlmtrain.run import exit_failed
+        from vlmtrain.flow import exit_failed
 
         exit_failed(status)
 
 
 if __name__ == "__main__":
-    from vlmtrain.overrides import check_args
+    from vlmtrain.config.overrides import check_args
 
     # A typo'd key would get Hydra's bare "Key 'x' not in 'TrainConfig'" and a hint to add `+`: name the valid keys.
     if problem := check_args(sys.argv[1:]):

@@ -1,6 +1,6 @@
 """One torchrun rank of the "Bridge alone" side of benchmarks/overhead.py: Bridge's pretrain() on the ConfigContainer
 vlmtrain builds from a saved run_config.yaml, with the Bridge forward step vlmtrain picks for the data
-(vlmtrain.groups.data.forward_step) and NO vlmtrain callbacks or counters, so the step-time difference to
+(vlmtrain.config.groups.data.forward_step) and NO vlmtrain callbacks or counters, so the step-time difference to
 `python train.py` is vlmtrain's overhead.
 
     python -m torch.distributed.run --nproc-per-node=2 --nnodes=1 --master-port 29500 \\
@@ -19,42 +19,35 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
 
-    from vlmtrain.schema import RunConfig
-
-
-def load(path: str | Path) -> RunConfig:
-    """The run config exactly as src/vlmtrain/worker.py loads it on every rank of `python train.py`."""
-    from omegaconf import OmegaConf
-
-    from vlmtrain.schema import RunConfig
-
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RunConfig), OmegaConf.load(path)))  # type: ignore[return-value]
+    from vlmtrain.config.schema import RunConfig
 
 
 def build_cfg(run: RunConfig) -> ConfigContainer:
-    """The same ConfigContainer vlmtrain.trainer.train() hands to pretrain() (build, then the helper patch), and the
-    same model code: the kernels group's fast paths are part of what trains, not of vlmtrain's overhead."""
-    from vlmtrain import build, trainer
-    from vlmtrain.groups import kernels
+    """The same ConfigContainer vlmtrain.train.trainer.train() hands to pretrain() (build, then the helper patch), and
+    the same model code: the kernels group's fast paths are part of what trains, not of vlmtrain's overhead."""
+    from vlmtrain.build import container
+    from vlmtrain.train import bridge_patches, trainer
 
-    cfg = build.build(run)
+    cfg = container.build(run)
     trainer.use_prebuilt_dataset_helpers()
-    kernels.install(run)
+    bridge_patches.install(run)
     return cfg
 
 
 def main(argv: list[str]) -> int:
-    run = load(argv[0])
+    from vlmtrain.config.compose import load_run  # the run config exactly as vlmtrain.worker loads it on every rank
+
+    run = load_run(argv[0])
     cfg = build_cfg(run)
     if "--dry-run" in argv[1:]:
-        from vlmtrain import target
+        from vlmtrain.build import target
 
         target.finalize(run, cfg)  # Bridge's runtime_config_update for the declared target, as the plan does
         print(f"[direct] {argv[0]}: ConfigContainer built and validated by Bridge", flush=True)
         return 0
     from megatron.bridge.training.pretrain import pretrain
 
-    from vlmtrain.groups import data
+    from vlmtrain.config.groups import data
 
     pretrain(cfg, data.forward_step(run))
     return 0

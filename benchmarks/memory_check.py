@@ -1,4 +1,5 @@
-"""Validate vlmtrain.memory against the peaks measured on the H200: one row per run into results/memory_estimates.jsonl.
+"""Validate vlmtrain.check.memory against the peaks measured on the H200: one row per run into
+results/memory_estimates.jsonl.
 
     python benchmarks/memory_check.py [--measured results/gpu_training.jsonl] [--out results/memory_estimates.jsonl]
     python benchmarks/memory_check.py --table     # the markdown table of the written jsonl
@@ -30,9 +31,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from vlmtrain import memory, results  # noqa: E402
-from vlmtrain.compose import compose  # noqa: E402
-from vlmtrain.schema import RunConfig  # noqa: E402
+from vlmtrain.check import memory  # noqa: E402
+from vlmtrain.config.compose import compose  # noqa: E402
+from vlmtrain.config.schema import RunConfig  # noqa: E402
+from vlmtrain.observe import results  # noqa: E402
 
 TARGET_PCT = 15.0
 COLLATE_PAD_MULTIPLE = 128
@@ -52,12 +54,12 @@ def sample_lengths(run: RunConfig) -> list[tuple[int, int]]:
     from PIL import Image
     from transformers import AutoProcessor
 
-    from vlmtrain.groups import data
+    from vlmtrain.data import prepare
 
-    rows_file = data.prepare(run).jsonl
+    rows_file = prepare.prepare(run).jsonl
     if rows_file is None:
         raise ValueError(f"data={run.data.kind}: no local rows to measure")
-    processor = AutoProcessor.from_pretrained(str(data.processor_dir(run)))
+    processor = AutoProcessor.from_pretrained(str(prepare.processor_dir(run)))
     image_id = processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
     out = []
     for line in rows_file.read_text().splitlines():

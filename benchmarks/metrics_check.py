@@ -2,11 +2,11 @@
 
     python benchmarks/metrics_check.py <run dir of a 1-GPU train.py run> [--results results/metrics_check.jsonl]
 
-Independent of vlmtrain.metrics (per-layer shape formulas) and of the training-time token counters:
+Independent of vlmtrain.observe.flops (per-layer shape formulas) and of the training-time token counters:
 - FLOPs from the parameter counts of the instantiated model (checks.json, per tower): 2 FLOPs per active
   parameter per token (MoE experts weighted top-k / E, embedding lookups excluded) + causal attention
   2*nq*d*s^2 per layer and sequence, and the ViT's bidirectional 4*P^2*h per layer and image; x3 for a trained
-  part, as in vlmtrain.metrics' docstring.
+  part, as in vlmtrain.observe.flops' docstring.
 - Non-pad tokens by re-tokenizing the very samples each step consumed (Bridge's dataset and cyclic sampler
   order) with the processor directly (chat template + processor call per sample, no collate, no Megatron step).
 - Component times: time_* columns must add up to step_s within TOLERANCE_COMPONENTS.
@@ -23,20 +23,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from omegaconf import OmegaConf  # noqa: E402
-
-from vlmtrain import results  # noqa: E402
-from vlmtrain.schema import RunConfig  # noqa: E402
+from vlmtrain.config.compose import load_run  # noqa: E402
+from vlmtrain.config.schema import RunConfig  # noqa: E402
+from vlmtrain.observe import results  # noqa: E402
 
 TOLERANCE_MFU = 0.05  # relative: parameter-count vs shape-formula FLOPs (norms, router, biases differ)
 TOLERANCE_TOKENS = 0.0  # exact: the same samples tokenized another way
 TOLERANCE_COMPONENTS = 0.10  # named components cover >= 90 % of the step
-
-
-def load_run(run_dir: Path) -> RunConfig:
-    return OmegaConf.to_object(
-        OmegaConf.merge(OmegaConf.structured(RunConfig), OmegaConf.load(run_dir / "run_config.yaml"))
-    )  # type: ignore[return-value]
 
 
 def samples_per_step(run: RunConfig, steps: int) -> list[list[dict]]:
@@ -50,10 +43,11 @@ def samples_per_step(run: RunConfig, steps: int) -> list[list[dict]]:
     from qwen_vl_utils import process_vision_info
     from transformers import AutoProcessor
 
-    from vlmtrain import build, world
-    from vlmtrain.groups import data
+    from vlmtrain.build import container
+    from vlmtrain.config import world
+    from vlmtrain.data import prepare
 
-    cfg = build.build(run)
+    cfg = container.build(run)
     gbs, mbs, dp = run.train.global_batch_size, run.train.micro_batch_size, world.layout(run).dp
     ds = get_dataset_provider(cfg.dataset)([run.train.iterations * gbs, 0, 0], cfg.dataset)[0]
     ranks = [
@@ -70,7 +64,7 @@ def samples_per_step(run: RunConfig, steps: int) -> list[list[dict]]:
         )
         for r in range(dp)
     ]
-    proc = AutoProcessor.from_pretrained(str(data.processor_dir(run)))
+    proc = AutoProcessor.from_pretrained(str(prepare.processor_dir(run)))
     out = []
     for _ in range(steps):
         idx = [i for it in ranks for _ in range(gbs // (mbs * dp)) for i in next(it)]
@@ -121,7 +115,7 @@ def main() -> int:
     ap.add_argument("--name", default=None)
     ap.add_argument("--skip", type=int, default=3, help="warm-up steps left out")
     a = ap.parse_args()
-    run = load_run(a.run_dir)
+    run = load_run(a.run_dir / "run_config.yaml")
     rows = results.read_jsonl(a.run_dir / "metrics.jsonl")
     checks = json.loads((a.run_dir / "checks.json").read_text())
     per_step = samples_per_step(run, len(rows))

@@ -6,10 +6,10 @@
     python benchmarks/overhead.py --dry-run        # CPU: build + Bridge validation of the direct side
 
 Alternating pairs of (a) `python train.py <case>` and (b) torchrun of benchmarks/direct_pretrain.py: Bridge's
-pretrain() on the IDENTICAL ConfigContainer (built by vlmtrain.build from (a)'s saved run_config.yaml; only its
-output paths differ, see below), with
-Bridge's forward step for the data (vlmtrain.groups.data.forward_step) and no vlmtrain callbacks. Both step times
-come from Bridge's own log line ("elapsed time per iteration (ms)", log_interval=1), so the ratio is like for
+pretrain() on the IDENTICAL ConfigContainer (built by vlmtrain.build.container from (a)'s saved run_config.yaml; only
+its output paths differ, see below), with
+Bridge's forward step for the data (vlmtrain.config.groups.data.forward_step) and no vlmtrain callbacks. Both step
+times come from Bridge's own log line ("elapsed time per iteration (ms)", log_interval=1), so the ratio is like for
 like; (a)'s metrics.jsonl step_s gives a second ratio. Post-warm-up steps (iteration > skip) of all pairs are
 pooled; medians, and the median of per-step ratios (both sides train the same samples in the same order). Rows
 `overhead_<case>` go to results/perf_h200x2.jsonl; with --iterations 8 (perf_h200x2's), pair 0's (a) run
@@ -51,7 +51,7 @@ from run_cases import ROOT, Case  # noqa: E402
 # Steps of these runs vary ~10 % from step to step (data, alltoall waits), so a ratio meant to resolve 1 % needs
 # many steady steps; at perf_h200x2.ITERATIONS, pair 0's vlmtrain run also doubles as the case's perf row.
 ITERATIONS = 20
-SKIP = 3  # as vlmtrain.results.summarize: metrics step s is Bridge's iteration s + 1
+SKIP = 3  # as vlmtrain.observe.results.summarize: metrics step s is Bridge's iteration s + 1
 BRIDGE_LINE = re.compile(r"\biteration\s+(\d+)/\s*\d+\s*\|.*?elapsed time per iteration \(ms\):\s*([0-9.]+)")
 
 
@@ -67,9 +67,9 @@ def steady(ms_by_iteration: dict[int, float], skip: int = SKIP, left_out: frozen
 
 def metrics_ms(run_dir: Path, key: str = "step_s", skip: int = SKIP,
                left_out: frozenset[int] = frozenset()) -> list[float]:
-    """A per-step seconds key of vlmtrain's metrics.jsonl in ms, the same steps vlmtrain.results.summarize takes
+    """A per-step seconds key of vlmtrain's metrics.jsonl in ms, the same steps vlmtrain.observe.results.summarize takes
     (step s is Bridge's iteration s + 1)."""
-    from vlmtrain import results
+    from vlmtrain.observe import results
 
     rows = results.read_jsonl(run_dir / "metrics.jsonl")[skip:]
     return [r[key] * 1000.0 for r in rows if key in r and r["step"] + 1 not in left_out]
@@ -103,10 +103,11 @@ def direct_run_config(source: Path, run_dir: Path) -> Path:
 def run_direct(source: Path, run_dir: Path, gpus: int) -> tuple[int, float]:
     """(b) on (a)'s run config (direct_run_config), with the env vlmtrain.launch.local gives its ranks (hardware
     group's vars unless set), on the same GPUs."""
-    from vlmtrain.groups import hardware
+    from vlmtrain.config.compose import load_run
+    from vlmtrain.config.groups import hardware
 
     run_config = direct_run_config(source, run_dir)
-    run = direct_pretrain.load(run_config)
+    run = load_run(run_config)
     env = dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(map(str, range(gpus))), MASTER_PORT="29500")
     env.update({k: v for k, v in hardware.runtime_env(run).items() if k not in os.environ})
     env.setdefault("PYTHONUNBUFFERED", "1")
@@ -231,11 +232,11 @@ def pick(name: str, iterations: int) -> Case:
 
 def dry_run(case: Case, out: Path) -> int:
     """CPU check of side (b): save the run config as launch.local would, derive (b)'s, then load/build/validate."""
-    from vlmtrain import launch
-    from vlmtrain.compose import compose
+    from vlmtrain.config.compose import compose
+    from vlmtrain.launch import local
 
     run = compose(run_cases.overrides(case), output_dir=str(out / "vlmtrain"))
-    run_config = direct_run_config(launch.save_run_config(run), out / "direct")
+    run_config = direct_run_config(local.save_run_config(run), out / "direct")
     print("(a)", " ".join(run_cases.command(case, out / "pairN_vlmtrain")))
     print("(b)", " ".join(direct_command(run_config, case.gpus, "29500")))
     return direct_pretrain.main([str(run_config), "--dry-run"])
@@ -274,7 +275,7 @@ def run_pair(case: Case, i: int, args: argparse.Namespace) -> dict[str, Any] | N
 def pool(name: str, k: int, results_path: Path, command: str) -> dict[str, Any]:
     """One row from the pairs of the last k rows named `name` (invocations of one session on one machine: same
     date, machine and config, else refused), so a session split into device commands gives one measurement."""
-    from vlmtrain import results
+    from vlmtrain.observe import results
 
     rows = [r for r in results.read_jsonl(results_path) if r["name"] == name and "pairs_detail" in r
             and "pooled" not in r][-k:]
@@ -314,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[overhead] {case.name}: {args.pairs} pair(s) of {args.iterations} iterations, skip {args.skip}")
     if args.dry_run:
         return dry_run(case, args.out)
-    from vlmtrain import results
+    from vlmtrain.observe import results
 
     cmd += f" --pairs {args.pairs} --iterations {args.iterations}"
     for i in range(args.pairs):

@@ -1,5 +1,5 @@
 """Issue 9: fastest real-image MoE-VLM training on 2 x H200. Runs named cases and appends one row per case to
-results/perf_h200x2.jsonl (metrics from vlmtrain.results.summarize, the full override list as `config`).
+results/perf_h200x2.jsonl (metrics from vlmtrain.observe.results.summarize, the full override list as `config`).
 
     python benchmarks/perf_h200x2.py --sweep mbs parallelism [--only SUBSTR ...] [--iterations 8]
     python benchmarks/perf_h200x2.py --sweep all --dry-run     # CPU: preflight + Bridge validation of every case
@@ -50,14 +50,14 @@ PARALLELISM = {
 KERNELS = {
     "cutlass": ["+hardware.env.NVTE_USE_CUTLASS_GROUPED_GEMM=1"],
     "fused": ["+bridge.model.moe_router_fusion=true", "+bridge.model.cross_entropy_fusion_impl=te"],
-    # what benchmarks/profile_step.py found in the best case (vlmtrain.fastpaths; kernels=fast has all three)
+    # what benchmarks/profile_step.py found in the best case (vlmtrain.train.bridge_patches; kernels=fast has all three)
     "rope": ["kernels.rope=te"],
     "vitpos": ["kernels.vit_positions=vectorized"],
     "pin": ["kernels.pin_visual_inputs=true"],
 }
 FAST = ("cutlass", "fused")  # kernels=fast before the fast paths (FASTPATHS below is today's kernels=fast)
 RESULTS = ROOT / "results" / "perf_h200x2.jsonl"
-PACKED_MBS_BOUND_FITS = 2  # the largest MBS whose worst case (every sample seq_length long) vlmtrain.memory fits
+PACKED_MBS_BOUND_FITS = 2  # the largest MBS whose worst case (every sample seq_length long) vlmtrain.check.memory fits
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ class Knobs:
         if self.packing:
             out.append("data.packing=true")
             if self.mbs > PACKED_MBS_BOUND_FITS:
-                # vlmtrain.memory bounds a packed micro-batch by MBS x seq_length tokens; this data's samples are
+                # vlmtrain.check.memory bounds a packed micro-batch by MBS x seq_length tokens; this data's samples are
                 # ~1/5 of that, so the measured peak (peak_mem_gib) is the check, not the worst-case estimate
                 out.append("preflight.ignore=[memory_fits]")
         return out
@@ -99,7 +99,7 @@ class Knobs:
 
 B = Knobs()
 SWEEPS: dict[str, list[Knobs]] = {
-    # Unpacked, trainable vision fits MBS 1 and 2 without recompute (77-103 GiB by vlmtrain.memory); MBS 4 needs
+    # Unpacked, trainable vision fits MBS 1 and 2 without recompute (77-103 GiB by vlmtrain.check.memory); MBS 4 needs
     # full recompute, which preflight refuses with trainable deepstack mergers (deepstack_full_recompute).
     "mbs": [dataclasses.replace(B, parallelism=p, mbs=m) for p in ("fsdp-ep2", "3d-ep2") for m in (1, 2)],
     "recompute_graph": [dataclasses.replace(B, parallelism="3d-ep2", recompute=r, graph=g)
@@ -126,8 +126,8 @@ SWEEPS["kernels"] = [PACKED, dataclasses.replace(PACKED, kernels=("cutlass",)),
                        for m, g in ((8, GBS), (12, 24), (8, 32), (16, 32), (8, 64), (12, 48), (12, 96)))]
 KERNELS_BEST = dataclasses.replace(PACKED, mbs=12, gbs=96, kernels=FAST)  # the kernels sweep's fastest
 # The profile of that case (results/profile_h200x2.jsonl): the GPU idled a third of the step; unfused RoPE, pageable
-# pixel copies and per-image ViT position loops among the largest costs (vlmtrain.fastpaths). The sweep runs its
-# reference in the same lease; run it twice (`--sweep fastpaths` again) to see the spread.
+# pixel copies and per-image ViT position loops among the largest costs (vlmtrain.train.bridge_patches). The sweep runs
+# its reference in the same lease; run it twice (`--sweep fastpaths` again) to see the spread.
 FASTPATHS = (*FAST, "rope", "vitpos", "pin")  # = kernels=fast since the fast paths exist
 SWEEPS["fastpaths"] = [KERNELS_BEST, dataclasses.replace(KERNELS_BEST, kernels=(*FAST, "rope")),
                        dataclasses.replace(KERNELS_BEST, kernels=FASTPATHS)]
@@ -150,8 +150,8 @@ def expand(sweeps: list[str], only: list[str] | None = None, iterations: int = I
 
 def table(cases: list[tuple[Case, Knobs]], status: dict[str, str] | None = None) -> str:
     """One line per case: what changes, the layout and the batch arithmetic (grad-accum = GBS / (MBS x DP))."""
-    from vlmtrain import world
-    from vlmtrain.compose import compose
+    from vlmtrain.config import world
+    from vlmtrain.config.compose import compose
 
     w = max(len(c.name) for c, _ in cases)
     lines = [f"{'case':<{w}}  {'layout':<12} {'MBS':>3} {'accum':>5}  status"]
@@ -164,10 +164,10 @@ def table(cases: list[tuple[Case, Knobs]], status: dict[str, str] | None = None)
 
 
 def dry_run(cases: list[tuple[Case, Knobs]], out: Path) -> dict[str, str]:
-    """What `python train.py <case> dry_run=true` does (vlmtrain.run.main -> plan.dry_run: preflight, build,
+    """What `python train.py <case> dry_run=true` does (vlmtrain.flow.main -> plan.dry_run: preflight, build,
     Bridge's runtime_config_update for 2 x H200), in this one process so Bridge is imported once."""
-    from vlmtrain import plan
-    from vlmtrain.compose import compose
+    from vlmtrain.build import plan
+    from vlmtrain.config.compose import compose
 
     status = {}
     for case, _ in cases:
@@ -178,8 +178,8 @@ def dry_run(cases: list[tuple[Case, Knobs]], out: Path) -> dict[str, str]:
 
 
 def latest_rows(results_path: Path) -> dict[str, dict[str, Any]]:
-    """The results file's rows by case name (vlmtrain.results.latest)."""
-    from vlmtrain import results
+    """The results file's rows by case name (vlmtrain.observe.results.latest)."""
+    from vlmtrain.observe import results
 
     return {r["name"]: r for r in results.latest(results.read_jsonl(results_path))}
 
@@ -187,7 +187,7 @@ def latest_rows(results_path: Path) -> dict[str, dict[str, Any]]:
 def mock_ratio_row(ran: set[str], results_path: Path) -> dict[str, Any] | None:
     """Real vs mock at the same settings (how much faster Bridge's noise images look than real photos), once either
     side ran now; the other side may come from an earlier session's row in the same results file."""
-    from vlmtrain import results
+    from vlmtrain.observe import results
 
     names = (B.name(), dataclasses.replace(B, data="mock").name())
     latest = latest_rows(results_path)
@@ -258,7 +258,7 @@ def repeats(rows: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
 def report(results_path: Path) -> str:
     """Markdown from the results file alone: every measured case, then each claim's ratios (rows that are missing
     or failed are named, not guessed)."""
-    from vlmtrain import results
+    from vlmtrain.observe import results
 
     rows = results.read_jsonl(results_path)
     latest = latest_rows(results_path)
@@ -371,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
         status = dry_run(cases, args.out)
         print("\n" + table(cases, status))
         return 0 if all(s == "ok" for s in status.values()) else 1
-    from vlmtrain.run import local_gpus
+    from vlmtrain.config.world import local_gpus
 
     if local_gpus() < GPUS:
         print(f"[perf] needs {GPUS} GPUs, this machine has {local_gpus()}: use --dry-run here", file=sys.stderr)

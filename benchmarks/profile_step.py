@@ -19,7 +19,7 @@ import perf_h200x2  # noqa: E402
 import run_cases  # noqa: E402
 from run_cases import ROOT, Case  # noqa: E402
 
-from vlmtrain import results  # noqa: E402
+from vlmtrain.observe import results  # noqa: E402
 from vlmtrain.report import profile  # noqa: E402
 
 

@@ -3,7 +3,7 @@
     python benchmarks/run_cases.py gpu_training [--only NAME ...] [--results results/gpu_training.jsonl]
 
 Cases that fit on fewer GPUs than the node has run side by side (CUDA_VISIBLE_DEVICES slots). Each case is a
-plain `python train.py <overrides>` run; its metrics.jsonl / checks.json are summarized by vlmtrain.results.
+plain `python train.py <overrides>` run; its metrics.jsonl / checks.json are summarized by vlmtrain.observe.results.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from vlmtrain import results  # noqa: E402
+from vlmtrain.config.world import local_gpus  # noqa: E402
+from vlmtrain.observe import results  # noqa: E402
 from vlmtrain.report import job  # noqa: E402
-from vlmtrain.run import local_gpus  # noqa: E402
 
 TINY = ["model=tiny", "train.iterations=12", "train.global_batch_size=8"]
 SHAPE_30B = [

@@ -14,7 +14,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 @pytest.fixture(scope="session")
 def compose() -> Callable[..., object]:
     """compose(*overrides) -> RunConfig, through Hydra's compose API (no global Hydra state is kept)."""
-    from vlmtrain.compose import compose as vlm_compose
+    from vlmtrain.config.compose import compose as vlm_compose
 
     def _compose(*overrides: str, output_dir: str = "outputs/test") -> object:
         return vlm_compose(list(overrides), output_dir=output_dir)

@@ -56,16 +56,16 @@ def _data_export(args: argparse.Namespace) -> int:
 
 def _data_check(args: argparse.Namespace) -> int:
     """Compose the data overrides as train.py does, scan every sample on CPU, list the bad ones."""
-    from vlmtrain.compose import compose
-    from vlmtrain.groups import data
-    from vlmtrain.overrides import check_args
+    from vlmtrain.config.compose import compose
+    from vlmtrain.config.overrides import check_args
+    from vlmtrain.data import prepare
 
     if problem := check_args(args.overrides):
         print(f"vlmtrain data check: {problem}", file=sys.stderr)
         return 2
     _quiet_datasets()
     try:
-        report = data.scan(compose(args.overrides))
+        report = prepare.scan(compose(args.overrides))
     except FileNotFoundError as e:
         print(f"vlmtrain data check: {e}", file=sys.stderr)
         return 2

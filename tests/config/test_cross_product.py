@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import itertools
 
-from vlmtrain import build, preflight, target
+from vlmtrain.build import container, target
+from vlmtrain.check import preflight
 
 AXES = {
     "parallelism": ["fsdp", "3d"],
@@ -45,7 +46,7 @@ def test_cross_product(compose, bridge):
         if expected:
             rejected += 1
             continue
-        cfg = build.build(run)
+        cfg = container.build(run)
         target.finalize(run, cfg)  # Bridge's own validation; raises if it refuses the combination
         accepted += 1
     assert (accepted, rejected) == (286, 362)  # 44 full-recompute jobs with trainable deepstack mergers refused

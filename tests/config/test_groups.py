@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from vlmtrain import build, groups, preflight, target
+from vlmtrain.build import container, target
+from vlmtrain.check import preflight
+from vlmtrain.config import groups
 
 # (overrides, {bridge field path: expected value after Bridge's finalization})
 TABLE: list[tuple[list[str], dict[str, object]]] = [
@@ -283,7 +285,7 @@ def get(cfg: object, path: str) -> object:
 def test_option_sets_bridge_fields(compose, bridge, overrides, expected, tmp_path):
     run = compose(*overrides, output_dir=str(tmp_path))
     assert not preflight.errors(preflight.check(run))
-    cfg = build.build(run)
+    cfg = container.build(run)
     target.finalize(run, cfg)
     for path, value in expected.items():
         if value == "<processor>":
@@ -294,7 +296,7 @@ def test_option_sets_bridge_fields(compose, bridge, overrides, expected, tmp_pat
 
 def test_owns_sets_are_disjoint():
     seen: dict[str, str] = {}
-    for g in groups.ALL:
+    for g in groups.GROUPS:
         for path in g.OWNS:
             assert path not in seen, f"{path} owned by {seen.get(path)} and {g.__name__}"
             seen[path] = g.__name__
@@ -322,7 +324,7 @@ SWAPS = [
 @pytest.mark.parametrize(("group", "before", "after"), SWAPS, ids=[s[0] for s in SWAPS])
 def test_apply_writes_only_owned_fields(compose, bridge, group, before, after):
     module = getattr(groups, group)
-    cfg = build.build(compose(*before))
+    cfg = container.build(compose(*before))
     snapshot = _flat(cfg.to_dict())
     module.apply(compose(*after), cfg)
     changed = {k for k, v in _flat(cfg.to_dict()).items() if snapshot.get(k) != v}
@@ -335,20 +337,19 @@ def test_unknown_bridge_override_is_rejected(compose, bridge):
     from megatron.bridge.training.utils.omegaconf_utils import OverridesError
 
     with pytest.raises(OverridesError, match="moe_aux_loss_coef"):
-        build.build(compose("+bridge.model.moe_aux_loss_coef=0.0"))
+        container.build(compose("+bridge.model.moe_aux_loss_coef=0.0"))
 
 
 def test_resolved_configs_round_trip_to_yaml(compose, bridge, tmp_path):
     from omegaconf import OmegaConf
 
-    from vlmtrain.schema import RunConfig
+    from vlmtrain.config.compose import load_run
 
     run = compose("experiment=3d_gb200")
     OmegaConf.save(OmegaConf.structured(run), tmp_path / "run.yaml")
-    back = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RunConfig), OmegaConf.load(tmp_path / "run.yaml")))
-    assert back == run
+    assert load_run(tmp_path / "run.yaml") == run
 
-    cfg = build.build(run)
+    cfg = container.build(run)
     target.finalize(run, cfg)
     cfg.to_yaml(str(tmp_path / "bridge.yaml"))
     loaded = bridge.ConfigContainer.from_yaml(str(tmp_path / "bridge.yaml"))
@@ -362,7 +363,7 @@ def test_qwen35_build_refuses_hopper_without_tilelang(monkeypatch):
     import torch
     from fla.backends import TileLangBackend
 
-    from vlmtrain.groups import model
+    from vlmtrain.config.groups import model
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(fla.utils, "IS_NVIDIA_HOPPER", True)

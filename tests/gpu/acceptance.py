@@ -26,7 +26,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 
-from vlmtrain import results  # noqa: E402
+from vlmtrain.observe import results  # noqa: E402
 
 TINY = ["model=tiny", "train.iterations=10", "train.global_batch_size=8"]
 SHAPE_30B = ["model=qwen3_vl_30b_a3b", "model.num_layers=4", "data=realistic", "train.iterations=8",

@@ -12,7 +12,7 @@ from pathlib import Path
 import acceptance
 import pytest
 
-from vlmtrain.run import local_gpus
+from vlmtrain.config.world import local_gpus
 
 pytestmark = pytest.mark.gpu
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import acceptance
 import pytest
 
-from vlmtrain import results
+from vlmtrain.observe import results
 
 FIXTURES = acceptance.ROOT / "tests" / "fixtures"
 RECORDED = FIXTURES / "gpu_acceptance"

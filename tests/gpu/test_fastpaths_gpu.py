@@ -1,5 +1,5 @@
-"""vlmtrain.fastpaths' GPU parts beside Bridge's code: TE's fused RoPE against Bridge's unfused rotation on packed
-rows at the 30B-A3B ViT's and decoder's head shapes (forward and gradient), and pinned visual inputs.
+"""vlmtrain.train.bridge_patches' GPU parts beside Bridge's code: TE's fused RoPE against Bridge's unfused rotation on
+packed rows at the 30B-A3B ViT's and decoder's head shapes (forward and gradient), and pinned visual inputs.
 Run with `pytest -m gpu`."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import types
 import pytest
 import torch
 
-from vlmtrain import fastpaths
+from vlmtrain.train import bridge_patches
 
 pytestmark = pytest.mark.gpu
 
@@ -44,14 +44,14 @@ def test_te_rope_matches_bridge(part: str) -> None:
     outs = []
     for fused in (False, True):
         if fused:
-            fastpaths.install_rope_te()
+            bridge_patches.install_rope_te()
         try:
             x = t.clone().requires_grad_()
             y = rope.apply_rotary_pos_emb_absolute(x, freqs, config, cu_seqlens=cu)
             y.backward(grad_out)
             outs.append((y.detach().float(), x.grad.float()))
         finally:
-            fastpaths.uninstall()
+            bridge_patches.uninstall()
     (y0, g0), (y1, g1) = outs
     # bf16 outputs: both compute in fp32 for the ViT (one rounding); the decoder's unfused path rounds every op
     tol = {"vit": 1e-2, "decoder": 3e-2}[part]
@@ -67,10 +67,10 @@ def test_pinned_visual_inputs() -> None:
     vi = GenericVisualInputs(pixel_values=torch.randn(64, 1536), image_grid_thw=torch.tensor([[1, 8, 8]]))
     try:
         assert not pin_memory(vi).pixel_values.is_pinned()  # Bridge's own object: the loader leaves it pageable
-        fastpaths.install_pin_visual_inputs()
+        bridge_patches.install_pin_visual_inputs()
         pinned = pin_memory(vi)  # what DataLoader(pin_memory=True)'s pin thread calls on each batch value
     finally:
-        fastpaths.uninstall()
+        bridge_patches.uninstall()
     assert isinstance(pinned, GenericVisualInputs)
     assert pinned.pixel_values.is_pinned() and pinned.image_grid_thw.is_pinned()
     assert pinned.pixel_values_videos is None

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from vlmtrain import results
-from vlmtrain.run import local_gpus
+from vlmtrain.config.world import local_gpus
+from vlmtrain.observe import results
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))

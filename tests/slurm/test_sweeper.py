@@ -13,9 +13,10 @@ import hydra
 import pytest
 from omegaconf import OmegaConf
 
-from vlmtrain import launch, world
-from vlmtrain.compose import CONF_DIR, compose
-from vlmtrain.schema import register
+from vlmtrain.config import world
+from vlmtrain.config.compose import CONF_DIR, compose
+from vlmtrain.config.schema import register
+from vlmtrain.launch import slurm
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -48,7 +49,7 @@ def test_slurm_resources_follow_the_job(overrides: list[str], resources: tuple[i
 
 
 def gpu_node(tmp_path: Path, gpus: int) -> dict[str, str]:
-    """The environment of a node with `gpus` GPUs as vlmtrain.run.local_gpus sees it: an `nvidia-smi -L` on PATH
+    """The environment of a node with `gpus` GPUs as world.local_gpus sees it: an `nvidia-smi -L` on PATH
     listing them (this machine has no GPU and no nvidia-smi; 0 = none on PATH)."""
     env = dict(os.environ)
     if gpus:
@@ -106,7 +107,7 @@ def test_training_on_a_node_without_gpus_is_refused(tmp_path: Path) -> None:
 ])
 def test_placement_rule(overrides: list[str], node_gpus: int, slurm_tasks: int | None,
                         expected: tuple[int, str]) -> None:
-    """vlmtrain.world.placement, the rule train.py (vlmtrain.run.main) and the sweeper both apply."""
+    """vlmtrain.config.world.placement, the rule train.py (vlmtrain.flow.main) and the sweeper both apply."""
     place = world.placement(compose(overrides), node_gpus, slurm_tasks_per_node=slurm_tasks)
     assert (place.gpus_per_node, place.where) == expected
 
@@ -167,9 +168,9 @@ def test_failing_job_does_not_stop_the_sweep(tmp_path: Path) -> None:
 def test_rank_record_keeps_earlier_attempts(tmp_path: Path) -> None:
     """A requeued job restarts in the same run dir: the first attempt's record moves under "previous"."""
     first = {"rank": 0, "slurm": {"job_id": "7", "restart_count": None}, "env": {}}
-    launch.write_rank_record(str(tmp_path), first)
-    launch.write_rank_record(str(tmp_path), {**first, "signal": {"name": "SIGUSR2"}})  # same attempt: an update
-    launch.write_rank_record(str(tmp_path), {**first, "slurm": {"job_id": "7", "restart_count": "1"}})
+    slurm.write_rank_record(str(tmp_path), first)
+    slurm.write_rank_record(str(tmp_path), {**first, "signal": {"name": "SIGUSR2"}})  # same attempt: an update
+    slurm.write_rank_record(str(tmp_path), {**first, "slurm": {"job_id": "7", "restart_count": "1"}})
     record = json.loads((tmp_path / "rank0.json").read_text())
     assert record["slurm"]["restart_count"] == "1"
     assert [(p["slurm"]["restart_count"], p["signal"]["name"]) for p in record["previous"]] == [(None, "SIGUSR2")]

@@ -117,7 +117,7 @@ def test_sequence_too_short_for_image_tokens(user_data: Path, tmp_path: Path) ->
 
 
 def test_nonexistent_dataset_path_fails_in_preflight(compose) -> None:
-    from vlmtrain import preflight
+    from vlmtrain.check import preflight
 
     found = {f.rule: f.message for f in preflight.check(compose("data=jsonl", "data.path=/no/such/train.jsonl"))}
     assert "does not exist" in found["data_path_exists"]

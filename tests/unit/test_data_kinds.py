@@ -31,11 +31,11 @@ def exported(tmp_path_factory: pytest.TempPathFactory, cache: Path) -> dict[str,
 
 def _build(compose, cache: Path, tmp_path: Path, *overrides: str) -> Any:
     """The run's ConfigContainer dataset as training builds it (finalized), and the run."""
-    from vlmtrain import build
+    from vlmtrain.build import container
 
     run = compose(*overrides, f"data.cache_dir={cache}", "data.num_workers=0", "train.micro_batch_size=2",
                   output_dir=str(tmp_path / "run"))
-    cfg = build.build(run)
+    cfg = container.build(run)
     cfg.dataset.finalize()
     return run, cfg
 
@@ -99,9 +99,9 @@ def test_exported_files_train_on_bridge_without_their_bad_sample(bridge, compose
     _assert_real_images(batch, cfg.model.image_token_id)
     scan = json.loads((tmp_path / "run" / "data_scan.json").read_text())
     assert scan["skipped_samples"] == 1 and bad["id"] in scan["skipped"][0]
-    from vlmtrain.groups import data
+    from vlmtrain.data import prepare
 
-    assert data.skipped_samples(run) == 1
+    assert prepare.skipped_samples(run) == 1
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "parquet", "hf", "energon"])

@@ -1,5 +1,5 @@
-"""vlmtrain.fastpaths next to the Bridge code they replace: same outputs (CPU parts here, the TE kernel and pinned
-memory in tests/gpu/test_fastpaths_gpu.py), installed only by the kernels options that ask for them."""
+"""vlmtrain.train.bridge_patches next to the Bridge code they replace: same outputs (CPU parts here, the TE kernel and
+pinned memory in tests/gpu/test_fastpaths_gpu.py), installed only by the kernels options that ask for them."""
 
 from __future__ import annotations
 
@@ -8,9 +8,8 @@ import types
 import pytest
 import torch
 
-from vlmtrain import fastpaths
-from vlmtrain.compose import compose
-from vlmtrain.groups import kernels
+from vlmtrain.config.compose import compose
+from vlmtrain.train import bridge_patches
 
 # (frames, height, width) in 16 px patches, as Qwen3-VL's processor emits them for the realistic data's image sizes
 # (multiples of the 2x2 merge; 196..980 LLM tokens), plus a 2-frame video grid and a square one.
@@ -35,8 +34,8 @@ def test_vit_positions_are_bit_identical_to_bridge(vit: types.SimpleNamespace) -
     from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.vision_model import Qwen3VLVisionModel
 
     grid = torch.tensor(GRIDS)
-    for ours, bridge in ((fastpaths.pos_embed_interpolate, Qwen3VLVisionModel.fast_pos_embed_interpolate),
-                         (fastpaths.rot_pos_emb, Qwen3VLVisionModel.rot_pos_emb)):
+    for ours, bridge in ((bridge_patches.pos_embed_interpolate, Qwen3VLVisionModel.fast_pos_embed_interpolate),
+                         (bridge_patches.rot_pos_emb, Qwen3VLVisionModel.rot_pos_emb)):
         got, want = ours(vit, grid), bridge(vit, grid)
         assert got.shape == want.shape and got.dtype == want.dtype
         assert torch.equal(got, want), ours.__name__
@@ -50,7 +49,7 @@ def test_vit_positions_gradient_matches_bridge(vit: types.SimpleNamespace) -> No
     vit.pos_embed.float()
     grid = torch.tensor(GRIDS)
     grads = []
-    for fn in (fastpaths.pos_embed_interpolate, Qwen3VLVisionModel.fast_pos_embed_interpolate):
+    for fn in (bridge_patches.pos_embed_interpolate, Qwen3VLVisionModel.fast_pos_embed_interpolate):
         vit.pos_embed.weight.grad = None
         out = fn(vit, grid)
         (out.float() * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
@@ -66,19 +65,19 @@ def test_install_only_what_the_options_ask_and_uninstall_restores() -> None:
 
     originals = (rope.apply_rotary_pos_emb_thd_absolute, Qwen3VLVisionModel.rot_pos_emb)
     try:
-        assert kernels.install(compose(["kernels=default"])) == []
+        assert bridge_patches.install(compose(["kernels=default"])) == []
         assert rope.apply_rotary_pos_emb_thd_absolute is originals[0]
         assert not hasattr(GenericVisualInputs, "pin_memory")
-        assert kernels.install(compose(["kernels.vit_positions=vectorized"])) == ["vit_positions"]
-        assert fastpaths.installed() == ["vit_pos_embed", "vit_rot_pos_emb"]
+        assert bridge_patches.install(compose(["kernels.vit_positions=vectorized"])) == ["vit_positions"]
+        assert bridge_patches.installed() == ["vit_pos_embed", "vit_rot_pos_emb"]
         assert rope.apply_rotary_pos_emb_thd_absolute is originals[0]
-        assert kernels.install(compose(["kernels=fast"])) == ["rope_te", "vit_positions", "pin_visual_inputs"]
-        assert len(fastpaths.installed()) == 4
+        assert bridge_patches.install(compose(["kernels=fast"])) == ["rope_te", "vit_positions", "pin_visual_inputs"]
+        assert len(bridge_patches.installed()) == 4
         assert rope.apply_rotary_pos_emb_thd_absolute is not originals[0]
-        assert Qwen3VLVisionModel.rot_pos_emb is fastpaths.rot_pos_emb
-        assert GenericVisualInputs.pin_memory is fastpaths.pin_memory
+        assert Qwen3VLVisionModel.rot_pos_emb is bridge_patches.rot_pos_emb
+        assert GenericVisualInputs.pin_memory is bridge_patches.pin_memory
     finally:
-        fastpaths.uninstall()
+        bridge_patches.uninstall()
     assert (rope.apply_rotary_pos_emb_thd_absolute, Qwen3VLVisionModel.rot_pos_emb) == originals
     assert not hasattr(GenericVisualInputs, "pin_memory")
 
@@ -92,14 +91,14 @@ def test_rope_falls_back_to_bridge_unless_one_freqs_row_per_token() -> None:
     t = torch.randn(6, 2, 8)
     freqs = torch.randn(1, 1, 1, 8)
     try:
-        fastpaths.install_rope_te()
+        bridge_patches.install_rope_te()
         assert torch.equal(rope.apply_rotary_pos_emb_thd_absolute(t, None, freqs), unfused(t, None, freqs))
     finally:
-        fastpaths.uninstall()
+        bridge_patches.uninstall()
 
 
 def test_plan_names_the_replaced_code() -> None:
-    from vlmtrain import plan
+    from vlmtrain.build import plan
 
     code = [line for line in plan.render(compose(["kernels=fast"]), None, [], "-").splitlines()
             if line.startswith("code:")]

@@ -1,4 +1,4 @@
-"""checks.frozen_checksums compares whole towers, whether a rank holds a parameter sharded (as Megatron-FSDP's
+"""after_build.frozen_checksums compares whole towers, whether a rank holds a parameter sharded (as Megatron-FSDP's
 DTensors before training) or whole (its unsharded buffers after backward): two real gloo ranks on CPU."""
 
 from __future__ import annotations
@@ -25,18 +25,18 @@ def _rank(rank: int, port: int, out: dict) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    from vlmtrain import checks
+    from vlmtrain.train import after_build
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
     torch.manual_seed(0)
     whole = torch.randn(6, 4)  # even shards: gloo's all_gather (unlike NCCL's) refuses the uneven ones
     mesh = init_device_mesh("cpu", (2,))
-    sharded = checks.frozen_checksums([_model(distribute_tensor(whole, mesh, [Shard(0)]))])
-    unsharded = checks.frozen_checksums([_model(whole.clone())])
+    sharded = after_build.frozen_checksums([_model(distribute_tensor(whole, mesh, [Shard(0)]))])
+    unsharded = after_build.frozen_checksums([_model(whole.clone())])
     moved = whole.clone()
     moved[5, 3] += 1e-3
-    out[rank] = (sharded, unsharded, checks.frozen_checksums([_model(moved)]))
+    out[rank] = (sharded, unsharded, after_build.frozen_checksums([_model(moved)]))
     dist.destroy_process_group()
 
 

@@ -1,5 +1,6 @@
-"""vlmtrain.memory: exact parameter counts against the H200 runs' checks, the sharding/recompute/freeze arithmetic,
-the preflight rule, the plan section, and the validation rows in results/ (real compositions, no Bridge import)."""
+"""vlmtrain.check.memory: exact parameter counts against the H200 runs' checks, the sharding/recompute/freeze
+arithmetic, the preflight rule, the plan section, and the validation rows in results/ (real compositions, no Bridge
+import)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ from typing import Any
 
 import pytest
 
-from vlmtrain import memory, plan, preflight, results, world
+from vlmtrain.build import plan
+from vlmtrain.check import memory, preflight
+from vlmtrain.config import world
+from vlmtrain.observe import results
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU_CASES = ROOT / "tests" / "fixtures" / "gpu_cases"
@@ -160,11 +164,13 @@ def test_phases_add_up(compose):
     (["gpus_per_node=2", "data.packing=true", "train.micro_batch_size=2"], False),  # EP2, but packed: real tokens
 ])
 def test_padding_rule_matches_the_step_counters(compose, overrides, pads):
-    from vlmtrain.callbacks import StepCounters
+    from contextlib import nullcontext
+
+    from vlmtrain.train.step_counters import StepCounters
 
     run = compose(*overrides)
     assert memory.pads(run) is pads
-    assert (StepCounters(run).padded_length(100) == run.train.seq_length) is pads
+    assert (StepCounters(run, nullcontext).padded_length(100) == run.train.seq_length) is pads
     assert memory.default_workload(run).seq_len == run.train.seq_length  # unpadded: the worst case
 
 
@@ -199,7 +205,7 @@ def test_rule_warns_above_90_percent(compose):
 
 
 def test_rule_is_cheap_no_bridge_or_torch_import():
-    code = ("import sys; from vlmtrain.compose import compose; from vlmtrain import preflight; "
+    code = ("import sys; from vlmtrain.config.compose import compose; from vlmtrain.check import preflight; "
             "preflight.check(compose(['model=qwen3_vl_235b_a22b'])); "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('megatron', 'torch', 'transformer_engine')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT,

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from vlmtrain.overrides import check_args, unknown_key
+from vlmtrain.config.overrides import check_args, unknown_key
 
 ROOT = Path(__file__).resolve().parents[2]
 

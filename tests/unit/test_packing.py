@@ -3,10 +3,13 @@ the batch Bridge's vlm_step hands to Qwen3VLModel, and the step counters that tu
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import pytest
 
-from vlmtrain import build, preflight, target
-from vlmtrain.callbacks import StepCounters
+from vlmtrain.build import container, target
+from vlmtrain.check import preflight
+from vlmtrain.train.step_counters import StepCounters
 
 # EP 2: without packing Bridge pads every sample to seq_length; MBS 4 samples per micro-batch.
 RUN = ["data=realistic", "data.payload.num_samples=16", "gpus_per_node=2", "train.micro_batch_size=4",
@@ -18,14 +21,14 @@ def _collate(compose, bridge, tmp_path, *overrides: str):
 
     run = compose(*RUN, *overrides, output_dir=str(tmp_path))
     assert not preflight.errors(preflight.check(run))
-    cfg = build.build(run)
+    cfg = container.build(run)
     target.finalize(run, cfg)  # Bridge's own validation, as the dry-run plan does
     train, _, _ = get_dataset_provider(cfg.dataset)([16, 0, 0], cfg.dataset)
     return run, cfg, train.collate_fn([train[i] for i in range(4)])
 
 
 def _counts(run, batch, image_token_id: int) -> dict[str, int]:
-    counters = StepCounters(run)
+    counters = StepCounters(run, nullcontext)
     counters.image_token_id = image_token_id
     counters.count(batch)
     return counters.totals | {"per_sample": [(s["len"], tuple(s["patches"])) for s in counters.samples]}
@@ -60,7 +63,7 @@ def test_packing_runs_real_tokens_only(compose, bridge, tmp_path):
     from megatron.bridge.models.qwen_vl import qwen3_vl_step
     from megatron.bridge.training import vlm_step
 
-    from vlmtrain.groups import data
+    from vlmtrain.config.groups import data
 
     assert data.forward_step(run_pack) is vlm_step.forward_step
     assert data.forward_step(run_pad) is qwen3_vl_step.forward_step

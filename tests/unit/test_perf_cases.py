@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from vlmtrain import preflight, world
-from vlmtrain.compose import compose
+from vlmtrain.check import preflight
+from vlmtrain.config import world
+from vlmtrain.config.compose import compose
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import direct_pretrain  # noqa: E402
 import overhead  # noqa: E402
 import perf_h200x2 as perf  # noqa: E402
 import run_cases  # noqa: E402
@@ -69,8 +69,10 @@ def test_best_case_ships_as_the_preset(bridge: object, tmp_path: Path) -> None:
     same vlmtrain settings Bridge never sees (data payload, preflight)."""
     from omegaconf import OmegaConf
 
-    from vlmtrain import build, fastpaths, redact
-    from vlmtrain.groups import hardware, kernels
+    from vlmtrain.build import container
+    from vlmtrain.config import redact
+    from vlmtrain.config.groups import hardware
+    from vlmtrain.train import bridge_patches
 
     case = run_cases.Case(perf.BEST.name(), perf.GPUS, perf.BEST.overrides())
     preset = compose(["experiment=perf_h200x2_best", f"train.iterations={perf.ITERATIONS}", "dry_run=true",
@@ -83,7 +85,7 @@ def test_best_case_ships_as_the_preset(bridge: object, tmp_path: Path) -> None:
     # sub-configs on first use in a process, so only the second build has them: they are not settings
     texts = []
     for name, run in (("preset", preset), ("ran", ran)):
-        redact.write_bridge_yaml(build.build(run), tmp_path / f"{name}.yaml")
+        redact.write_bridge_yaml(container.build(run), tmp_path / f"{name}.yaml")
         texts.append([line for line in (tmp_path / f"{name}.yaml").read_text().splitlines()
                       if not line.lstrip().startswith(("model_type:", "transformers_version:"))])
     assert texts[0] == texts[1] and len(texts[0]) > 500
@@ -93,13 +95,13 @@ def test_best_case_ships_as_the_preset(bridge: object, tmp_path: Path) -> None:
                 if k not in ("kernels", "hardware", "bridge")}
 
     assert elsewhere(preset) == elsewhere(ran)
-    # the fast paths are no Bridge fields: kernels.install() puts them in place in the training process
+    # the fast paths are no Bridge fields: bridge_patches.install() puts them in place in the training process
     installed = ("rope", "vit_positions", "pin_visual_inputs")
     assert [getattr(preset.kernels, f) for f in installed] == [getattr(ran.kernels, f) for f in installed]
     try:
-        assert kernels.install(preset) == kernels.install(ran) != []
+        assert bridge_patches.install(preset) == bridge_patches.install(ran) != []
     finally:
-        fastpaths.uninstall()
+        bridge_patches.uninstall()
     assert preset.hardware.env == {k: v for k, v in ran.hardware.env.items() if k != "NVTE_USE_CUTLASS_GROUPED_GEMM"}
     rows = perf.latest_rows(perf.RESULTS)
     full = {n: r["metrics"]["useful_tokens_per_s_per_gpu"] for n, r in rows.items()
@@ -135,7 +137,7 @@ def test_row_from_real_run_files(tmp_path: Path) -> None:
     row = run_cases.record(case, 0, FSDP_EP2, 120.0, path, config=run_cases.overrides(case))
     assert row is not None and json.loads(path.read_text()) == row
     assert {"useful_tokens_per_s_per_gpu", "mfu", "step_s", "peak_mem_gib"} <= set(row["metrics"])
-    # with vlmtrain.timing's component times in the run files, the split rides along (the report shows it)
+    # with vlmtrain.observe.timing's component times in the run files, the split rides along (the report shows it)
     timed = run_cases.record(case, 0, ROOT / "tests" / "fixtures" / "gpu_runs" / "tiny_fsdp_ep1_wandb_timing", 60.0,
                              tmp_path / "timed.jsonl")
     assert 0 < timed["metrics"]["time_vision_s"] + timed["metrics"]["time_decoder_s"] < timed["metrics"]["step_s"]
@@ -226,7 +228,7 @@ def test_profiled_pair_leaves_the_profiler_iterations_out() -> None:
 def test_pool_joins_one_sessions_rows(tmp_path: Path) -> None:
     """--pool K: the pairs of the last K rows of a case become one row; rows of another date, or an earlier pooled
     row, are not pooled again."""
-    from vlmtrain import results
+    from vlmtrain.observe import results
 
     case = overhead.pick(perf.BEST.name(), 20)
     name, path = f"overhead_{case.name}", tmp_path / "perf.jsonl"
@@ -255,7 +257,8 @@ def test_direct_side_gets_its_own_run_dir(tmp_path: Path, capsys: pytest.Capture
     from megatron.bridge.training.config import ProfilingConfig
     from omegaconf import OmegaConf
 
-    from vlmtrain import build
+    from vlmtrain.build import container
+    from vlmtrain.config.compose import load_run
 
     assert overhead.main(["--case", perf.BEST.name(), "--extra", "train.profile_step=6", "--dry-run",
                           "--out", str(tmp_path)]) == 0
@@ -264,7 +267,7 @@ def test_direct_side_gets_its_own_run_dir(tmp_path: Path, capsys: pytest.Capture
     a, b = (OmegaConf.to_container(OmegaConf.load(tmp_path / d / "run_config.yaml")) for d in ("vlmtrain", "direct"))
     assert a.pop("output_dir") == str(tmp_path / "vlmtrain") and b.pop("output_dir") == str(tmp_path / "direct")
     assert a == b and a["train"]["profile_step"] == 6
-    cfgs = [build.build(direct_pretrain.load(tmp_path / d / "run_config.yaml")) for d in ("vlmtrain", "direct")]
+    cfgs = [container.build(load_run(tmp_path / d / "run_config.yaml")) for d in ("vlmtrain", "direct")]
     assert [c.logger.tensorboard_dir for c in cfgs] == [f"{tmp_path}/{d}/tensorboard" for d in ("vlmtrain", "direct")]
     assert isinstance(cfgs[1].profiling, ProfilingConfig) and cfgs[0].profiling == cfgs[1].profiling
 
@@ -286,7 +289,7 @@ def test_real_vs_mock_row_and_skip_done(tmp_path: Path, capsys: pytest.CaptureFi
     assert "5 case(s)" in out and "frozen" in out and mock.name not in out  # the frozen sweep has 6, 1 done
 
     # A failed row or a superseded one does not count as done: the case runs again.
-    from vlmtrain import results
+    from vlmtrain.observe import results
 
     frozen = perf.expand(["frozen"], ["frozen"])[0][0]
     results.append(path, mock.name, "python train.py ...", {}, rc=1)

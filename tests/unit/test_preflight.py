@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from vlmtrain import preflight
+from vlmtrain.check import preflight
 
 B30 = ["model=qwen3_vl_30b_a3b"]
 Q35 = ["model=qwen35_vl_35b_a3b", "model.num_layers=4"]

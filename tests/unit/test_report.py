@@ -17,8 +17,10 @@ from matplotlib.axes import Axes
 from matplotlib.text import Annotation
 from omegaconf import OmegaConf
 
-from vlmtrain import cli, preflight, report, results
-from vlmtrain.compose import compose
+from vlmtrain import cli, report
+from vlmtrain.check import preflight
+from vlmtrain.config.compose import compose
+from vlmtrain.observe import results
 from vlmtrain.report import labels, plots
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,7 +28,7 @@ CASES = ROOT / "tests" / "fixtures" / "gpu_cases"
 RESULTS = ROOT / "results" / "gpu_training.jsonl"
 CRASH = "tiny_3d_ep1_trainable_recompute-none_graph-moe_router_preprocess_1gpu"
 CRASH_LINE = ("vlmtrain.checks.SettingNotApplied: cuda_graph=moe_router_preprocess requested but no layer holds a "
-              "captured CUDA graph.")
+              "captured CUDA graph.")  # a real run's log, before checks.py became train/after_build.py
 INVALID = ["parallelism=fsdp", "parallelism.pp=2"]
 WANDB_CASE = "tiny_3d_ep2_trainable_recompute-none_graph-none_2gpu"
 WANDB_ROWS = 6
@@ -85,7 +87,7 @@ def wandb_overrides(overrides: list[str]) -> list[str]:
 
 
 def log_wandb_run(wandb_dir: Path, overrides: list[str], rows: list[dict]) -> None:
-    """A real W&B offline run (wandb 0.29) shaped like vlmtrain.wandb_log's: config {"vlmtrain": run config},
+    """A real W&B offline run (wandb 0.29) shaped like vlmtrain.observe.wandb_run's: config {"vlmtrain": run config},
     each metrics row at W&B step row["step"] + 1."""
     import wandb
 
@@ -135,7 +137,7 @@ def by_case(jobs: dict[str, report.Job], case: str) -> report.Job:
 
 
 def expected_wandb_useful(tmp_path: Path) -> float:
-    """What vlmtrain.results.summarize says about the rows logged to W&B."""
+    """What vlmtrain.observe.results.summarize says about the rows logged to W&B."""
     rows = results.read_jsonl(CASES / WANDB_CASE / "metrics.jsonl")[:WANDB_ROWS]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return results.summarize(tmp_path)["useful_tokens_per_s_per_gpu"]

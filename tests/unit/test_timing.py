@@ -1,4 +1,4 @@
-"""vlmtrain.timing on CPU: the pure arithmetic, and the hook wiring on real torch modules with real autograd.
+"""vlmtrain.observe.timing on CPU: the pure arithmetic, and the hook wiring on real torch modules with real autograd.
 
 CUDA events are the only GPU-only piece (timing.cuda_mark / cuda_elapsed_s); here the same Timeline runs on the
 host clock, which is exact for CPU execution.
@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from vlmtrain import timing
+from vlmtrain.observe import timing
 
 
 def test_attribute_gives_each_interval_to_the_mark_before_it() -> None:

@@ -20,12 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from omegaconf import OmegaConf
 
-from vlmtrain import launch, redact, wandb_log
-from vlmtrain.compose import compose
+from vlmtrain.config import redact
+from vlmtrain.config.compose import compose, load_run
+from vlmtrain.config.schema import RunConfig
+from vlmtrain.launch import local
+from vlmtrain.observe import wandb_run
 from vlmtrain.report.wandb_runs import read_wandb_file
-from vlmtrain.schema import RunConfig
 
 CASE = Path(__file__).parents[1] / "fixtures/gpu_cases/30b-shape-l4_fsdp_ep2_trainable_recompute-none_graph-none_2gpu"
 # benchmarks/run_cases.py's SHAPE_30B case on 2 GPUs
@@ -65,21 +66,21 @@ def run(env: Any, tmp_path_factory: pytest.TempPathFactory) -> RunConfig:
     out = tmp_path_factory.mktemp("run")
     run = compose([*OVERRIDES, f"+bridge.logger.comet_api_key={LITERAL_SECRET}",
                    f"+bridge.logger.comet_experiment_name=exp-${{oc.env:{SECRET_ENV}}}"], output_dir=str(out))
-    run.wandb.group = wandb_log.sweep_group(SWEEP_DIR)  # what run.py sets in a -m sweep
+    run.wandb.group = wandb_run.sweep_group(SWEEP_DIR)  # what flow.py sets in a -m sweep
     return run
 
 
 @pytest.fixture(scope="module")
 def bridge_cfg(run: RunConfig) -> Any:
-    from vlmtrain import build
+    from vlmtrain.build import container
 
-    return build.build(run)
+    return container.build(run)
 
 
 def fixture_rows(bridge_cfg: Any) -> list[dict[str, Any]]:
     """The GPU case's metrics.jsonl rows plus Bridge's numbers for them, as metrics_callback computes them: the
     FLOPs stats Bridge accumulates for samples padded to seq_length (EP=2 pads) and the step's ViT patches."""
-    from vlmtrain.metrics_callback import megatron_numbers
+    from vlmtrain.observe.metrics_callback import megatron_numbers
 
     seq = bridge_cfg.dataset.seq_length
     rows = [json.loads(line) for line in (CASE / "metrics.jsonl").read_text().splitlines()]
@@ -97,13 +98,13 @@ def logged(run: RunConfig, bridge_cfg: Any) -> tuple[list[dict[str, Any]], Path]
 
     state = GlobalState()
     state._cfg = bridge_cfg  # the cfg setter would also install Bridge's signal handler in the test process
-    wb = wandb_log.init(run, bridge_cfg)
-    wandb_log.hand_to_bridge(state, wb)
+    wb = wandb_run.init(run, bridge_cfg)
+    wandb_run.hand_to_bridge(state, wb)
     rows = fixture_rows(bridge_cfg)
     for row in rows:
-        wandb_log.log_row(wb, row)
+        wandb_run.log_row(wb, row)
         state.wandb_logger.log({"lm loss": row["lm_loss"]}, row["step"] + 1)
-    wandb_log.summarize(wb, {"checks": json.loads((CASE / "checks.json").read_text())})
+    wandb_run.summarize(wb, {"checks": json.loads((CASE / "checks.json").read_text())})
     state.wandb_logger.finish()
     return rows, Path(run.output_dir)
 
@@ -139,7 +140,7 @@ def test_tags_name_every_choice_data_kind_and_versions(run: RunConfig, read_back
 
 
 def test_mock_data_is_tagged_mock(env: Any) -> None:
-    tags = wandb_log.tags(compose(["data=mock"]))
+    tags = wandb_run.tags(compose(["data=mock"]))
     assert "data:mock" in tags and "data_kind:mock" in tags
 
 
@@ -220,7 +221,7 @@ def silent_server() -> Any:
 def wandb_service(run: RunConfig, tmp_path_factory: pytest.TempPathFactory) -> None:
     """wandb starts its wandb-core service on the first init of a process (seconds on a busy CI box, whatever
     the mode): start it before timing a fallback."""
-    wandb_log.finish(wandb_log.init(dataclasses.replace(run, output_dir=str(tmp_path_factory.mktemp("warm"))), None))
+    wandb_run.finish(wandb_run.init(dataclasses.replace(run, output_dir=str(tmp_path_factory.mktemp("warm"))), None))
 
 
 @pytest.mark.parametrize("host", ["closed port", "silent host"])
@@ -234,7 +235,7 @@ def test_online_without_network_goes_offline_at_once(host: str, run: RunConfig, 
     monkeypatch.setenv("WANDB_API_KEY", "0" * 40)
     online = dataclasses.replace(run, output_dir=str(tmp_path), wandb=dataclasses.replace(run.wandb, mode="online"))
     t0 = time.perf_counter()
-    wb = wandb_log.init(online, None)
+    wb = wandb_run.init(online, None)
     took = time.perf_counter() - t0
     try:
         assert wb.offline and os.environ["WANDB_MODE"] == "offline"
@@ -242,41 +243,41 @@ def test_online_without_network_goes_offline_at_once(host: str, run: RunConfig, 
         out = capsys.readouterr().out
         assert "not reachable" in out and f"wandb sync {wb.settings.sync_dir}" in out
     finally:
-        wandb_log.finish(wb)
+        wandb_run.finish(wb)
     assert len(offline_files(tmp_path)) == 1
 
 
 def test_probe_says_no_to_a_closed_port_and_a_silent_host(silent_server: str) -> None:
     t0 = time.perf_counter()
-    assert not wandb_log.reachable("http://127.0.0.1:9")
-    assert not wandb_log.reachable(silent_server, timeout=1.0)
+    assert not wandb_run.reachable("http://127.0.0.1:9")
+    assert not wandb_run.reachable(silent_server, timeout=1.0)
     assert time.perf_counter() - t0 < 3
 
 
 def test_disabled_makes_no_run(run: RunConfig, tmp_path: Path) -> None:
     off = dataclasses.replace(run, output_dir=str(tmp_path), wandb=dataclasses.replace(run.wandb, enabled=False))
-    assert wandb_log.init(off, None) is None
+    assert wandb_run.init(off, None) is None
     assert not (tmp_path / "wandb").exists()
 
 
 def test_wandb_mode_env_wins_over_config(run: RunConfig, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WANDB_MODE", "disabled")
-    assert wandb_log.requested_mode(run) == "disabled"
+    assert wandb_run.requested_mode(run) == "disabled"
     monkeypatch.delenv("WANDB_MODE")
-    assert wandb_log.requested_mode(run) == run.wandb.mode == "offline"
+    assert wandb_run.requested_mode(run) == run.wandb.mode == "offline"
 
 
 def test_group_is_the_sweep_else_the_run_name(run: RunConfig) -> None:
-    assert wandb_log.sweep_group("multirun/2026-11-29/22-26-58") == "2026-11-29_22-26-58"
-    assert wandb_log.sweep_group("multirun/fsdp_vs_3d") == "fsdp_vs_3d"
-    assert wandb_log.group(dataclasses.replace(run, wandb=dataclasses.replace(run.wandb, group=None))) == run.name
+    assert wandb_run.sweep_group("multirun/2026-11-29/22-26-58") == "2026-11-29_22-26-58"
+    assert wandb_run.sweep_group("multirun/fsdp_vs_3d") == "fsdp_vs_3d"
+    assert wandb_run.group(dataclasses.replace(run, wandb=dataclasses.replace(run.wandb, group=None))) == run.name
 
 
 def test_bridge_wandb_project_is_refused(env: Any) -> None:
-    from vlmtrain.checks import SettingNotApplied
+    from vlmtrain.train.after_build import SettingNotApplied
 
     with pytest.raises(SettingNotApplied, match="use wandb.project"):
-        wandb_log.check_bridge_logger(compose(["+bridge.logger.wandb_project=p"]))
+        wandb_run.check_bridge_logger(compose(["+bridge.logger.wandb_project=p"]))
 
 
 # --- redaction ---
@@ -296,24 +297,21 @@ def test_redact_masks_secret_keys_and_secret_env_values() -> None:
 
 
 def test_run_config_file_keeps_no_secret_but_the_ranks_get_it(run: RunConfig) -> None:
-    """launch.save_run_config writes references; loading it as vlmtrain.worker does restores the values."""
+    """local.save_run_config writes references; load_run (as vlmtrain.worker loads it) restores the values."""
     stash = "VLMTRAIN_SECRET_BRIDGE_LOGGER_COMET_API_KEY"
     try:
-        path = launch.save_run_config(run)
+        path = local.save_run_config(run)
         text = path.read_text()
         assert ENV_SECRET not in text and LITERAL_SECRET not in text
         assert redact.env_reference(SECRET_ENV) in text and redact.env_reference(stash) in text
 
-        def load() -> RunConfig:
-            return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RunConfig), OmegaConf.load(path)))
-
         expected = {"comet_api_key": LITERAL_SECRET, "comet_experiment_name": f"exp-{ENV_SECRET}"}
-        assert load().bridge["logger"] == expected
+        assert load_run(path).bridge["logger"] == expected
         with pytest.MonkeyPatch.context() as mp:  # a later reader without the secrets in its environment
             mp.delenv(SECRET_ENV)
             mp.delenv(stash)
             expected = {"comet_api_key": redact.REDACTED, "comet_experiment_name": f"exp-{redact.REDACTED}"}
-            assert load().bridge["logger"] == expected
+            assert load_run(path).bridge["logger"] == expected
     finally:
         os.environ.pop(stash, None)
 
@@ -326,7 +324,7 @@ def test_bridge_config_yaml_keeps_no_secret(bridge_cfg: Any, tmp_path: Path) -> 
 
 
 def test_plan_shows_bridge_passthrough_without_secrets(run: RunConfig, bridge_cfg: Any) -> None:
-    from vlmtrain import plan
+    from vlmtrain.build import plan
 
     text = plan.render(run, bridge_cfg, [], "OK")
     [line] = [ln for ln in text.splitlines() if ln.lstrip().startswith("+bridge")]

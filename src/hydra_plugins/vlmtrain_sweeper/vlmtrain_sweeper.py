@@ -7,7 +7,7 @@ the launcher (basic, submitit_local or submitit_slurm), invalid ones are listed 
 and in the printed table. Launched jobs are numbered 0..N-1 (`hydra.job.num`), in the order of
 `preflight.json`'s "launched" list.
 
-Each job is checked against the world it will run on (vlmtrain.world.placement, the rule train.py applies): a
+Each job is checked against the world it will run on (vlmtrain.config.world.placement, the rule train.py applies): a
 dry run against what it declares (`gpus_per_node`, else the hardware group's); a training job launched locally
 (basic, submitit_local) against this node's GPUs, one sent to Slurm against the tasks per node its launcher
 requests. The table names that world for every job.
@@ -42,8 +42,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
 if TYPE_CHECKING:
-    from vlmtrain.schema import RunConfig
-    from vlmtrain.world import Placement
+    from vlmtrain.config.schema import RunConfig
+    from vlmtrain.config.world import Placement
 
 PREFLIGHT_FILE = "preflight.json"
 
@@ -97,7 +97,7 @@ class VlmtrainSweeper(BasicSweeper):
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
-        from vlmtrain.run import local_gpus
+        from vlmtrain.config.world import local_gpus
 
         self.task_function = task_function
         self._default_launcher_params = _resolved(config.hydra.launcher)
@@ -115,8 +115,9 @@ class VlmtrainSweeper(BasicSweeper):
     def check(self, overrides: list[str]) -> SweepJob:
         """Compose one job as its launcher will, convert it to the RunConfig, place it on the world it will run on
         and run preflight on it."""
-        from vlmtrain import preflight, world
-        from vlmtrain.compose import to_run
+        from vlmtrain.check import preflight
+        from vlmtrain.config import world
+        from vlmtrain.config.compose import to_run
 
         assert self.hydra_context is not None and self.config is not None
         cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
@@ -139,9 +140,9 @@ class VlmtrainSweeper(BasicSweeper):
         return job
 
     def placement(self, run: "RunConfig", launcher: dict[str, Any]) -> "Placement":
-        """vlmtrain.world.placement for this job's launcher: the GPUs and tasks per node Slurm will allocate
+        """world.placement for this job's launcher: the GPUs and tasks per node Slurm will allocate
         (hydra/launcher=slurm), else this node's GPUs (the basic and submitit_local launchers run jobs here)."""
-        from vlmtrain import world
+        from vlmtrain.config import world
 
         if str(launcher.get("_target_", "")).endswith(".SlurmLauncher"):
             return world.placement(run, int(launcher.get("gpus_per_node") or 0),

@@ -42,7 +42,8 @@ class Sample:
 
 def samples(dataset: str, cache: Path, num_samples: int | None = None) -> list[Sample]:
     """The rows of `data=<dataset>` with their image bytes (sample: the first num_samples photos)."""
-    from vlmtrain.groups.data import PayloadConfig, payload_distribution
+    from vlmtrain.config.groups.data import PayloadConfig
+    from vlmtrain.data.prepare import payload_distribution
 
     if dataset == "sample":
         from vlmtrain.data.sample import write_sample_dataset
@@ -162,7 +163,7 @@ def export(fmt: str, out: Path, dataset: str = "sample", corrupt: int = 0, cache
         if not (out / MANIFEST).is_file():
             raise FileExistsError(f"{out} is not empty and holds no earlier export: pass a new folder.")
         shutil.rmtree(out)
-    from vlmtrain.groups.data import DataConfig
+    from vlmtrain.config.groups.data import DataConfig
 
     items = samples(dataset, Path(cache or DataConfig.cache_dir).expanduser(), num_samples)
     with_images = [i for i, s in enumerate(items) if s.images]

@@ -9,13 +9,11 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
-
-from vlmtrain.compose import GROUPS
-from vlmtrain.results import HEADLINE_KEYS, steady, summarize_rows
+from vlmtrain.config.groups import CHOSEN
+from vlmtrain.observe.results import HEADLINE_KEYS, steady, summarize_rows
 
 TIME_KEYS = ("time_vision_s", "time_projector_s", "time_decoder_s", "time_optimizer_s", "time_data_s", "time_other_s")
-"""vlmtrain.timing's per-component seconds of a step (rank 0); `other` = step_s minus the named ones."""
+"""observe.timing's per-component seconds of a step (rank 0); `other` = step_s minus the named ones."""
 FLOP_KEYS = ("flops_vit", "flops_projector", "flops_decoder")
 COMPONENTS = ("ViT", "projector", "decoder", "optimizer", "data", "other")
 SUMMARY_KEYS = (*HEADLINE_KEYS, *TIME_KEYS, *FLOP_KEYS, "vlmtrain_host_s", "skipped_samples")
@@ -60,13 +58,13 @@ class Job:
 
     @property
     def choices(self) -> dict[str, str]:
-        from_overrides = {k: v for k, v in override_items(self.overrides) if k in GROUPS}
+        from_overrides = {k: v for k, v in override_items(self.overrides) if k in CHOSEN}
         return {**from_overrides, **{k: str(v) for k, v in (self.config.get("choices") or {}).items()}}
 
     def knob(self, key: str) -> str | None:
         """A group choice or a dotted config value as an override would spell it (config first: W&B runs have
         no overrides), else the override itself."""
-        if key in GROUPS:
+        if key in CHOSEN:
             return self.choices.get(key)
         node: Any = self.config
         for part in key.split("."):
@@ -140,23 +138,24 @@ def override_items(overrides: list[str]) -> list[tuple[str, str]]:
 
 
 def _layout(config: dict[str, Any]) -> Any:
-    """The run's world layout through vlmtrain.world (auto EP resolved); None if the config is not a RunConfig."""
+    """The run's world layout through config.world (auto EP resolved); None if the config is not a RunConfig."""
     from omegaconf.errors import OmegaConfBaseException
 
-    from vlmtrain import world
-    from vlmtrain.schema import RunConfig
+    from vlmtrain.config import world
+    from vlmtrain.config.compose import load_run
+    from vlmtrain.config.schema import RunConfig
 
     known = {k: v for k, v in config.items() if k in RunConfig.__dataclass_fields__}
     if not all(k in known for k in ("model", "parallelism", "hardware")):
         return None
     try:
-        return world.layout(OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RunConfig), known)))
+        return world.layout(load_run(known))
     except (OmegaConfBaseException, ValueError, TypeError, KeyError, ZeroDivisionError):
         return None
 
 
 def steady_metrics(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """vlmtrain.results.summarize_rows over the step rows only (W&B history also holds other rows), with the
+    """observe.results.summarize_rows over the step rows only (W&B history also holds other rows), with the
     component medians and the GPU count the token rates imply (what ran, which Job.layout prefers to the config)."""
     rows = [r for r in rows if isinstance(r.get("step_s"), int | float) and "useful_tokens_per_s_per_gpu" in r]
     out = summarize_rows(rows, keys=SUMMARY_KEYS)

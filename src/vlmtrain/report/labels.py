@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-from vlmtrain.compose import GROUPS
+from vlmtrain.config.groups import CHOSEN
 from vlmtrain.report.job import COMPONENTS, FLOP_KEYS, TIME_KEYS, Job, override_items
 
 NOT_IN_LABEL = {"model", "parallelism", "gpus_per_node", "nodes", "train.micro_batch_size", "dry_run", "output_dir",
@@ -17,7 +17,7 @@ NAME_WORDS = re.compile(r"[_,\s]+")
 
 def baseline(jobs: list[Job]) -> dict[str, str]:
     """The most common value of each knob (group choices, then every overridden key) over the sweep."""
-    keys = [*GROUPS, *sorted({k for j in jobs for k, _ in override_items(j.overrides) if k not in GROUPS})]
+    keys = [*CHOSEN, *sorted({k for j in jobs for k, _ in override_items(j.overrides) if k not in CHOSEN})]
     base = {}
     for key in keys:
         values = Counter(v for j in jobs if (v := j.knob(key)) is not None)

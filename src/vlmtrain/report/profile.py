@@ -1,7 +1,7 @@
 """Where one profiled training step's GPU time went, from the chrome trace Bridge's PyTorch profiler writes
 (`train.profile_step=N`: rank 0, Python call stacks on, `<run dir>/torch_profile/rank-0.json.gz`).
 
-The component timers (vlmtrain.timing) say which tower a step's time belongs to; this says what inside it: GPU busy
+The component timers (observe.timing) say which tower a step's time belongs to; this says what inside it: GPU busy
 time (union of kernels on all streams) vs the profiled window, kernel time by family, by name and by the Python code
 that launched it, and GPU idle gaps attributed to what the launching thread was inside while the GPU ran dry
 (host-bound code shows up there). `vlmtrain profile <run dir>` prints it and writes profile_summary.json.

@@ -9,11 +9,11 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from vlmtrain.compose import GROUPS
+from vlmtrain.config.groups import CHOSEN
+from vlmtrain.observe.results import read_jsonl
 from vlmtrain.report.failures import classify, log_text
 from vlmtrain.report.job import SECTIONS, Job, steady_metrics
 from vlmtrain.report.wandb_runs import attach_wandb, online_jobs
-from vlmtrain.results import read_jsonl
 
 FINDING = re.compile(r"^\[(\w+)\]\s+(\w+):\s*(.*)$", re.DOTALL)
 
@@ -31,7 +31,7 @@ def _job_config(job_dir: Path) -> dict[str, Any]:
     hydra = load_yaml(job_dir / ".hydra" / "hydra.yaml") or {}
     choices = ((hydra.get("hydra") or {}).get("runtime") or {}).get("choices") or {}
     if choices and not config.get("choices"):
-        config["choices"] = {g: str(v) for g, v in choices.items() if g in GROUPS and v is not None}
+        config["choices"] = {g: str(v) for g, v in choices.items() if g in CHOSEN and v is not None}
     return config
 
 

@@ -7,14 +7,14 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from vlmtrain.compose import GROUPS
+from vlmtrain.config.groups import CHOSEN
+from vlmtrain.observe.results import SKIP
 from vlmtrain.report.job import FLOP_KEYS, SECTIONS, STATUS, TIME_KEYS, Job
 from vlmtrain.report.labels import baseline, describe, flags, layout_text, shown_elsewhere, split_kind, split_text
 from vlmtrain.report.plots import PLOTS
 from vlmtrain.report.sources import load_yaml
-from vlmtrain.results import SKIP
 
-CSV_COLUMNS = ["section", "rank", "job", "num", "source", "status", "reason", "description", *GROUPS, "layout",
+CSV_COLUMNS = ["section", "rank", "job", "num", "source", "status", "reason", "description", *CHOSEN, "layout",
                "gpus", "tp", "pp", "ep", "mbs", "frozen_vision", "mock_data", "steps", "useful_tokens_per_s_per_gpu",
                "padded_tokens_per_s_per_gpu", "nonpad_fraction", "mfu", "tflops_per_s_per_gpu", "step_s",
                "peak_mem_gib", "memory_gib", "headroom_gib", *TIME_KEYS, *FLOP_KEYS, "first_loss", "last_loss",
@@ -25,7 +25,7 @@ def csv_row(job: Job, base: dict[str, str]) -> dict[str, Any]:
     lay = job.layout
     return {"section": job.section if job.status == "ok" else "not ranked", "rank": job.rank, "job": job.name,
             "num": job.num, "source": job.source, "status": job.status, "reason": job.reason,
-            "description": describe(job, base), **{g: job.choices.get(g) for g in GROUPS},
+            "description": describe(job, base), **{g: job.choices.get(g) for g in CHOSEN},
             "layout": layout_text(job) if job.config else None, "gpus": lay.get("gpus"), "tp": lay.get("tp"),
             "pp": lay.get("pp"), "ep": lay.get("ep"), "mbs": job.mbs, "frozen_vision": job.frozen,
             "mock_data": job.mock, **{k: job.metrics.get(k) for k in CSV_COLUMNS if k in job.metrics},

@@ -75,7 +75,7 @@ def _apply_record(out: dict[str, Any], rec: Any) -> None:
 
 
 def _wandb_config(config: dict[str, Any]) -> dict[str, Any]:
-    """The run config inside a W&B config: vlmtrain.wandb_log stores {"vlmtrain": run config, "bridge": ...}."""
+    """The run config inside a W&B config: vlmtrain.observe.wandb_run stores {"vlmtrain": run config, "bridge": ...}."""
     inner = config.get("vlmtrain")
     return inner if isinstance(inner, dict) else config
 

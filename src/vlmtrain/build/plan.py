@@ -1,0 +1,129 @@
+"""Dry-run plan: compose -> check -> build -> Bridge finalization on the declared target -> a readable plan.
+
+Exit status is 0 only when preflight and Bridge's own validation both accept the run.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from vlmtrain.check import preflight
+from vlmtrain.config import redact, world
+from vlmtrain.config.groups import GROUPS, group_name, hardware, kernels
+
+if TYPE_CHECKING:
+    from megatron.bridge.training.config import ConfigContainer
+
+    from vlmtrain.config.schema import RunConfig
+
+
+def field_value(cfg: Any, path: str) -> Any:
+    obj = cfg
+    for part in path.split("."):
+        obj = getattr(obj, part, None)
+    if path == "model":
+        return type(obj).__name__
+    if path == "dataset":
+        return (f"{type(obj).__name__}(pad_to_max_length={getattr(obj, 'pad_to_max_length', None)}, "
+                f"enable_in_batch_packing={getattr(obj, 'enable_in_batch_packing', None)})")
+    if path == "profiling" and obj is not None:
+        return (f"{type(obj).__name__}(pytorch={obj.use_pytorch_profiler}, steps {obj.profile_step_start}-"
+                f"{obj.profile_step_end}, ranks={obj.profile_ranks})")
+    if isinstance(obj, list):
+        return [getattr(x, "name", x) for x in obj]
+    return obj
+
+
+def layout_line(run: RunConfig) -> str:
+    lay = world.layout(run)
+    return (f"{lay.nodes} node(s) x {lay.gpus_per_node} GPUs = {lay.world_size} | TP {lay.tp}  PP {lay.pp}  "
+            f"VPP {lay.vpp or '-'}  CP {lay.cp} | EP {lay.ep}  ETP {lay.etp} | DP {lay.dp}  expert-DP {lay.expert_dp}")
+
+
+def memory_section(run: RunConfig) -> list[str]:
+    """Per-GPU peak memory estimate vs the hardware group's memory_gib (check.memory: arithmetic, no Bridge)."""
+    from vlmtrain.check import memory
+
+    return memory.render(run)
+
+
+def render(run: RunConfig, cfg: ConfigContainer | None, findings: list[preflight.Finding],
+           validation: str) -> str:
+    lay, t = world.layout(run), run.train
+    accum = t.global_batch_size // max(t.micro_batch_size * lay.dp, 1)
+    lines = [
+        f"vlmtrain plan: {run.name}   (declared target: hardware={run.hardware.name}, {lay.world_size} GPUs)",
+        "groups:   " + "  ".join(f"{k}={v}" for k, v in run.choices.items()),
+        f"world:    {layout_line(run)}",
+        f"train:    MBS {t.micro_batch_size}  GBS {t.global_batch_size}  seq {t.seq_length}  "
+        f"grad-accum {accum}  iters {t.iterations}  lr {t.lr}",
+        f"data:     {run.data.kind}" + ("  (MOCK: not a performance run)" if run.data.kind == "mock" else ""),
+        "env:      " + " ".join(f"{k}={v}" for k, v in sorted(hardware.runtime_env(run).items())),
+    ]
+    if paths := kernels.replacements(run):
+        lines.append("code:     Bridge code the training processes replace (vlmtrain.train.bridge_patches): "
+                     + ", ".join(paths))
+    if cfg is not None:
+        lines.append("Bridge fields by group:")
+        for g in GROUPS:
+            vals = [f"{p}={field_value(cfg, p)}" for p in sorted(g.OWNS)]
+            lines += textwrap.wrap("  ".join(vals), width=118, initial_indent=f"  {group_name(g):<12}",
+                                   subsequent_indent=" " * 14, break_long_words=False, break_on_hyphens=False)
+        if run.bridge:  # +bridge.* passthrough, after the groups (redacted: it may carry credentials)
+            from vlmtrain.build import container
+
+            vals = container.flatten_overrides(redact.redact(container.bridge_tree(run)))
+            lines += textwrap.wrap("  ".join(vals), width=118, initial_indent=f"  {'+bridge':<12}",
+                                   subsequent_indent=" " * 14, break_long_words=False, break_on_hyphens=False)
+    lines += memory_section(run)
+    lines.append("preflight:" + ("" if findings else " no findings"))
+    lines += [f"  {f}" for f in findings]
+    lines.append(f"Bridge validation: {validation}")
+    return "\n".join(lines)
+
+
+def quiet_library_logs() -> None:
+    """A plan is read by a person: keep Megatron/TE/transformers' INFO lines and import-time warnings out of it
+    (only in the planning process; training ranks keep their logs)."""
+    for name in ("megatron", "transformer_engine", "TransformerEngine", "transformers", "datasets"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", category=UserWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=SyntaxWarning)
+
+
+def dry_run(run: RunConfig) -> int:
+    """Print the plan; write the resolved Bridge config; return the exit status."""
+    from vlmtrain.build import container, target
+
+    quiet_library_logs()
+    findings = preflight.check(run)
+    if preflight.errors(findings):
+        print(render(run, None, findings, "not attempted (preflight errors)"))
+        return 2
+    from vlmtrain.data.scan import BadSample
+
+    try:
+        cfg = container.build(run)
+    except BadSample as e:  # the data scan (vlmtrain.data.prepare) refused a sample
+        print(render(run, None, findings, f"not attempted (bad data)\n{e}"))
+        return 2
+    try:
+        target.finalize(run, cfg)
+    except Exception as e:  # Bridge raises ValueError/AssertionError/RuntimeError from many places
+        groups_hint = " ".join(f"{k}={v}" for k, v in run.choices.items())
+        print(render(run, cfg, findings, f"FAILED for {groups_hint}: {type(e).__name__}: {e}"))
+        return 3
+    out = Path(run.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    redact.write_bridge_yaml(cfg, out / "bridge_config.yaml")
+    print(render(run, cfg, findings, f"OK (runtime_config_update); resolved config: {out / 'bridge_config.yaml'}"))
+    print("To train: run the same command on a GPU node (or with dry_run=false); add hydra/launcher=slurm for Slurm.")
+    sys.stdout.flush()
+    return 0

@@ -1,0 +1,77 @@
+"""hardware group: what a GPU kind is (per-node size, NVLink domain, peak BF16, memory) and its env vars.
+
+| option | GPUs/node | NVLink domain | dense BF16 peak | default dispatcher |
+|--------|-----------|---------------|-----------------|--------------------|
+| gb200  | 4         | 72 (MNNVL)    | 2500 TFLOP/s    | hybridep           |
+| b200   | 8         | 8             | 2250 TFLOP/s    | alltoall           |
+| h100   | 8         | 8             | 989 TFLOP/s     | alltoall           |
+| h200   | 8         | 8             | 989 TFLOP/s     | alltoall           |
+
+The env vars must be in the environment before Python imports torch (Bridge's `env_vars` are applied late
+with setdefault), so the launcher exports `runtime_env()`; `apply()` also records them in `cfg.env_vars`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from megatron.bridge.training.config import ConfigContainer
+
+    from vlmtrain.config.schema import RunConfig
+
+OWNS = frozenset({"env_vars"})
+
+
+@dataclass
+class HardwareConfig:
+    name: str = "h200"
+    """Short name used in tags and the plan."""
+    device_name: str = "NVIDIA H200"
+    """What torch.cuda.get_device_name() reports on this kind; the dry run presents it to Bridge."""
+    sm_major: int = 9
+    """Compute capability major; Bridge's flex-dispatcher checks read it."""
+    sm_minor: int = 0
+    gpus_per_node: int = 8
+    nvlink_domain_size: int = 8
+    """GPUs that share one NVLink domain (72 on GB200 NVL72 racks)."""
+    mnnvl: bool = False
+    """Multi-node NVLink (GB200): HybridEP spans nodes inside the domain."""
+    peak_bf16_tflops: float = 989.0
+    """Vendor dense BF16 peak per GPU (never the 2x sparsity figure); the MFU denominator."""
+    memory_gib: float = 141.0
+    """HBM per GPU: the budget of the memory estimate."""
+    default_dispatcher: str = "alltoall"
+    """Dispatcher used by `dispatcher=auto`."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Environment for every rank, exported before torch is imported."""
+
+
+def hybridep_env(hw: HardwareConfig, ep: int) -> dict[str, str]:
+    """HybridEP topology variables from the NVLink domain and EP (the rule of Bridge's perf harness)."""
+    ranks = ep if hw.mnnvl else min(ep, hw.nvlink_domain_size)
+    return {
+        "NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN": str(ranks),
+        "NVLINK_DOMAIN_SIZE": str(hw.nvlink_domain_size),
+        "USE_MNNVL": "1" if hw.mnnvl else "0",
+    }
+
+
+def runtime_env(run: RunConfig) -> dict[str, str]:
+    """Every env var a rank needs: the hardware's own, the kernels group's, the model group's (Qwen3.5's kernel
+    caches and FLA backend), HybridEP topology when that dispatcher runs, and NCCL_GRAPH_REGISTER=0 when CUDA graphs
+    meet expandable segments (Megatron asserts it: illegal memory access otherwise)."""
+    from vlmtrain.config import world
+    from vlmtrain.config.groups import kernels, model
+
+    env = {k: str(v) for k, v in run.hardware.env.items()} | kernels.env(run) | model.env(run)
+    if run.dispatcher.backend == "hybridep":
+        env.update(hybridep_env(run.hardware, world.layout(run).ep))
+    if run.cuda_graph.modules and "expandable_segments:True" in env.get("PYTORCH_CUDA_ALLOC_CONF", ""):
+        env["NCCL_GRAPH_REGISTER"] = "0"
+    return env
+
+
+def apply(run: RunConfig, cfg: ConfigContainer) -> None:
+    cfg.env_vars = runtime_env(run)

@@ -1,0 +1,88 @@
+"""kernels group: which implementation runs where several compute the same thing.
+
+| option  | MoE expert GEMMs (moe_grouped_gemm)                  | router (router_fusion) | cross entropy |
+|---------|------------------------------------------------------|------------------------|---------------|
+| default | multistream: a cuBLAS GEMM per local expert, streams | unfused                | native        |
+| fast    | cutlass: one CUTLASS grouped GEMM (SM90 only)        | TE fused top-k         | te            |
+
+| option  | rope (packed rows)   | vit_positions                    | pin_visual_inputs         |
+|---------|----------------------|----------------------------------|---------------------------|
+| default | Bridge's unfused ops | Bridge's per-image loops         | false (pageable pixels)   |
+| fast    | te: fused kernel     | vectorized: host index tensors   | true                      |
+
+`default` is what Bridge does unless told otherwise. `fast` is what the issue-9 kernels sweep measured on 2 x H200
+(results/perf_h200x2.jsonl, one machine lease, same step-1 loss): CUTLASS grouped GEMM 1.13x useful tokens/s at
+packed MBS 8 (TE #2045: per-expert GEMMs are small and many in fine-grained MoE); the fused router and TE cross
+entropy 0.97x (no speed change within noise) at 8 GiB less peak memory, which let MBS grow from 8 to 12.
+TE reads NVTE_USE_CUTLASS_GROUPED_GEMM from the environment when it runs a grouped GEMM, so `env()` feeds
+hardware.runtime_env (exported before torch is imported), not a Bridge field.
+`rope`, `vit_positions` and `pin_visual_inputs` replace Bridge Qwen3-VL code paths that a profile of the best case
+found slow (vlmtrain.train.bridge_patches says what each does and installs them in each training process).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from megatron.bridge.training.config import ConfigContainer
+
+    from vlmtrain.config.schema import RunConfig
+
+OWNS = frozenset({"model.moe_router_fusion", "model.cross_entropy_fusion_impl"})
+CUTLASS_ENV = "NVTE_USE_CUTLASS_GROUPED_GEMM"
+
+
+class GroupedGemm(StrEnum):
+    multistream = "multistream"
+    cutlass = "cutlass"
+
+
+class CrossEntropy(StrEnum):
+    native = "native"
+    te = "te"
+
+
+class Rope(StrEnum):
+    unfused = "unfused"
+    te = "te"
+
+
+class VitPositions(StrEnum):
+    loop = "loop"
+    vectorized = "vectorized"
+
+
+@dataclass
+class KernelsConfig:
+    moe_grouped_gemm: GroupedGemm = GroupedGemm.multistream
+    """TE GroupedLinear backend for the MoE experts; cutlass needs an SM90 GPU (H100/H200)."""
+    router_fusion: bool = False
+    """TE's fused top-k + softmax/sigmoid router (model.moe_router_fusion)."""
+    cross_entropy: CrossEntropy = CrossEntropy.native
+    """model.cross_entropy_fusion_impl: te keeps less of the logits around."""
+    rope: Rope = Rope.unfused
+    """RoPE on packed (THD) rows of the Qwen3-VL ViT and decoder: Bridge's unfused ops or TE's fused kernel."""
+    vit_positions: VitPositions = VitPositions.loop
+    """Qwen3-VL ViT position embeddings and rotary ids: Bridge's per-image loops or host-built index tensors."""
+    pin_visual_inputs: bool = False
+    """Let the DataLoader pin the pixel tensors too, so their copy to the GPU is asynchronous."""
+
+
+def env(run: RunConfig) -> dict[str, str]:
+    return {CUTLASS_ENV: "1"} if run.kernels.moe_grouped_gemm == GroupedGemm.cutlass else {}
+
+
+def apply(run: RunConfig, cfg: ConfigContainer) -> None:
+    cfg.model.moe_router_fusion = run.kernels.router_fusion
+    cfg.model.cross_entropy_fusion_impl = str(run.kernels.cross_entropy)
+
+
+def replacements(run: RunConfig) -> list[str]:
+    """The Bridge code paths this run replaces (vlmtrain.train.bridge_patches; shown in the dry-run plan)."""
+    k = run.kernels
+    chosen = {"rope_te": k.rope == Rope.te, "vit_positions": k.vit_positions == VitPositions.vectorized,
+              "pin_visual_inputs": k.pin_visual_inputs}
+    return [name for name, on in chosen.items() if on]

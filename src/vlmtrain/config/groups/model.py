@@ -1,0 +1,220 @@
+"""model group: the architecture, built in code from published dimensions (no hub access, random init).
+
+| option             | decoder                                   | experts     | ViT                         |
+|--------------------|-------------------------------------------|-------------|-----------------------------|
+| tiny               | 4 x 256, 4 heads / 2 KV                   | 8, top-2    | 2 x 128, deepstack [0, 1]   |
+| qwen3_vl_30b_a3b   | 48 x 2048, 32 heads / 4 KV, head 128      | 128, top-8  | 27 x 1152, deepstack 8/16/24 |
+| qwen3_vl_235b_a22b | 94 x 4096, 64 heads / 4 KV, head 128      | 128, top-8  | 27 x 1152, deepstack 8/16/24 |
+| qwen35_vl_35b_a3b  | 40 x 2048, GDN 3:1 attention, 16 / 2 KV    | 256, top-8 +shared | 27 x 1152, no deepstack |
+
+`model.num_layers=N` reduces decoder depth for benchmarking while keeping every layer's shape (Qwen3-VL needs
+N >= its deepstack layers, or fewer `model.vit.deepstack_indexes`: preflight says so). The HF config goes through
+Megatron Bridge's own AutoBridge mapping (the path real checkpoints use), so the provider is the exact one Bridge
+would build for the published model.
+
+Qwen3.5's Gated-DeltaNet layers run flash-linear-attention (FLA) kernels that are compiled on first use: Triton
+(autotuned), TileLang through nvcc (FLA's gated chunk backward on Hopper, where Triton < 3.7.1 computes it wrongly)
+and torch.compile'd Megatron helpers. Step 1 of a fresh run spent 219 s there on the H200, so `env()` puts every
+one of those caches under `data.cache_dir`/kernels, where later runs find them, and pins FLA's TileLang backend on
+SM90 (FLA_TILELANG=1; FLA also picks it there by default once tilelang and nvcc are present).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from megatron.bridge.training.config import ConfigContainer
+
+    from vlmtrain.config.schema import RunConfig
+
+
+class Family(StrEnum):
+    qwen3_vl = "qwen3_vl"
+    qwen35_vl = "qwen35_vl"
+
+
+OWNS = frozenset(
+    {
+        "model",
+        "model.seq_length",
+        "model.gradient_accumulation_fusion",
+        "model.apply_rope_fusion",
+    }
+)
+
+
+@dataclass
+class VitConfig:
+    depth: int = 27
+    hidden_size: int = 1152
+    intermediate_size: int = 4304
+    num_heads: int = 16
+    deepstack_indexes: list[int] = field(default_factory=list)
+    """ViT layers feeding deepstack mergers (Qwen3-VL); each must be < depth."""
+
+
+@dataclass
+class LinearAttentionConfig:
+    """Gated-DeltaNet layers of Qwen3.5 (every `full_attention_interval`-th layer is full attention)."""
+
+    full_attention_interval: int = 4
+    key_head_dim: int = 128
+    value_head_dim: int = 128
+    num_key_heads: int = 16
+    num_value_heads: int = 32
+
+
+@dataclass
+class ModelConfig:
+    name: str = "tiny"
+    family: Family = Family.qwen3_vl
+    num_layers: int = 4
+    """Decoder layers (override to reduce depth for benchmarks)."""
+    hidden_size: int = 256
+    num_attention_heads: int = 4
+    num_query_groups: int = 2
+    """KV heads; TP must divide it."""
+    head_dim: int = 64
+    num_experts: int = 8
+    moe_topk: int = 2
+    moe_ffn_hidden_size: int = 128
+    shared_expert_ffn_hidden_size: int = 0
+    vocab_size: int = 151936
+    rope_theta: float = 5_000_000.0
+    mrope_section: list[int] = field(default_factory=lambda: [12, 10, 10])
+    """mRoPE (t, h, w) split; sums to head_dim/2 (Qwen3.5: head_dim*0.25/2)."""
+    vit: VitConfig = field(default_factory=VitConfig)
+    linear_attention: LinearAttentionConfig | None = None
+    """Qwen3.5 only."""
+
+
+def hf_config(m: ModelConfig, ids: Mapping[str, int]) -> Any:
+    """The transformers config of the architecture, with the special-token ids of the tokenizer the data is
+    processed with (vlmtrain.data.processor.vision_token_ids)."""
+    vision = dict(
+        depth=m.vit.depth,
+        hidden_size=m.vit.hidden_size,
+        intermediate_size=m.vit.intermediate_size,
+        num_heads=m.vit.num_heads,
+        out_hidden_size=m.hidden_size,
+        patch_size=16,
+        temporal_patch_size=2,
+        spatial_merge_size=2,
+        num_position_embeddings=2304,
+    )
+    text = dict(
+        vocab_size=m.vocab_size,
+        hidden_size=m.hidden_size,
+        num_hidden_layers=m.num_layers,
+        num_attention_heads=m.num_attention_heads,
+        num_key_value_heads=m.num_query_groups,
+        head_dim=m.head_dim,
+        num_experts=m.num_experts,
+        num_experts_per_tok=m.moe_topk,
+        moe_intermediate_size=m.moe_ffn_hidden_size,
+        bos_token_id=ids["bos_token_id"],
+        eos_token_id=ids["eos_token_id"],
+        tie_word_embeddings=False,
+    )
+    top = {k: ids[k] for k in ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")}
+    if m.family == Family.qwen3_vl:
+        from transformers import Qwen3VLMoeConfig
+
+        text.update(
+            intermediate_size=m.moe_ffn_hidden_size * m.moe_topk,
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": m.rope_theta,
+                "mrope_section": list(m.mrope_section),
+                "mrope_interleaved": True,
+            },
+        )
+        vision["deepstack_visual_indexes"] = list(m.vit.deepstack_indexes)
+        cfg = Qwen3VLMoeConfig(text_config=text, vision_config=vision, tie_word_embeddings=False, **top)
+        cfg.architectures = ["Qwen3VLMoeForConditionalGeneration"]
+        return cfg
+    from transformers import Qwen3_5MoeConfig
+
+    la = m.linear_attention or LinearAttentionConfig()
+    text.update(
+        shared_expert_intermediate_size=m.shared_expert_ffn_hidden_size,
+        linear_key_head_dim=la.key_head_dim,
+        linear_value_head_dim=la.value_head_dim,
+        linear_num_key_heads=la.num_key_heads,
+        linear_num_value_heads=la.num_value_heads,
+        layer_types=[
+            "full_attention" if (i + 1) % la.full_attention_interval == 0 else "linear_attention"
+            for i in range(m.num_layers)
+        ],
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": m.rope_theta,
+            "partial_rotary_factor": 0.25,
+            "mrope_section": list(m.mrope_section),
+            "mrope_interleaved": True,
+        },
+    )
+    cfg = Qwen3_5MoeConfig(text_config=text, vision_config=vision, tie_word_embeddings=False, **top)
+    cfg.architectures = ["Qwen3_5MoeForConditionalGeneration"]
+    return cfg
+
+
+def build_provider(run: RunConfig, token_ids: Mapping[str, int]) -> Any:
+    """Megatron Bridge's model provider for the architecture (AutoBridge.from_hf_config, no weights)."""
+    from megatron.bridge import AutoBridge
+
+    provider = AutoBridge.from_hf_config(hf_config(run.model, token_ids)).to_megatron_provider(load_weights=False)
+    if run.model.family == Family.qwen35_vl:
+        provider.mrope_section = list(run.model.mrope_section)  # its bridge reads only rope_scaling
+        require_gdn_backward()
+    return provider
+
+
+def require_gdn_backward() -> None:
+    """On Hopper with Triton 3.4-3.7.0, FLA runs the gated chunk backward only through TileLang (tilelang installed,
+    nvcc found, FLA_TILELANG not 0) and otherwise raises at the first backward, after minutes of kernel
+    compilation: check FLA's own condition when the model is built instead. No-op without a GPU (dry runs)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return
+    from fla.backends import TileLangBackend
+    from fla.utils import IS_NVIDIA_HOPPER, TRITON_ABOVE_3_4_0, TRITON_ABOVE_3_7_1
+
+    if IS_NVIDIA_HOPPER and TRITON_ABOVE_3_4_0 and not TRITON_ABOVE_3_7_1 and not TileLangBackend.can_use():
+        raise RuntimeError(
+            "model=qwen35_vl_* on Hopper: FLA refuses its gated chunk backward under this Triton (< 3.7.1) unless "
+            "TileLang can run it, and it cannot here: install the locked tilelang (bash scripts/setup_env.sh), put "
+            "nvcc on PATH or set CUDA_HOME, and leave FLA_TILELANG unset or 1."
+        )
+
+
+def env(run: RunConfig) -> dict[str, str]:
+    """Qwen3.5 only: where the JIT-compiled Gated-DeltaNet kernels are cached (persistent, under data.cache_dir)
+    and, on SM90, FLA's TileLang backend (see the module docstring); hardware.runtime_env exports these."""
+    if run.model.family != Family.qwen35_vl:
+        return {}
+    from vlmtrain.config.groups.data import cache_dir
+
+    kernels = cache_dir(run) / "kernels"
+    out = {
+        "TILELANG_CACHE_DIR": str(kernels / "tilelang"),
+        "TRITON_CACHE_DIR": str(kernels / "triton"),
+        "TRITON_CACHE_AUTOTUNING": "1",  # FLA autotunes its Triton kernels; keep the choices with the kernels
+        "TORCHINDUCTOR_CACHE_DIR": str(kernels / "inductor"),  # Megatron's GDN helpers are torch.compile'd
+    }
+    if run.hardware.sm_major == 9:
+        out["FLA_TILELANG"] = "1"
+    return out
+
+
+def apply(run: RunConfig, cfg: ConfigContainer) -> None:
+    cfg.model.seq_length = run.train.seq_length
+    # Without APEX, gradient-accumulation fusion in a non-TE ColumnParallelLinear (the ViT merger) fails;
+    # mRoPE has no fused kernel (runtime assert). Both verified on H200 (../shared/notes/STACK.md).
+    cfg.model.gradient_accumulation_fusion = False
+    cfg.model.apply_rope_fusion = False

@@ -1,0 +1,94 @@
+"""train section: batch sizes, sequence length, schedule, checkpoints, logging cadence.
+
+| field              | Bridge field(s)                                      |
+|--------------------|------------------------------------------------------|
+| micro_batch_size   | train.micro_batch_size                               |
+| global_batch_size  | train.global_batch_size (multiple of MBS x DP)       |
+| seq_length         | model.seq_length, dataset.seq_length (model / data)  |
+| iterations         | train.train_iters, scheduler.lr_decay_iters          |
+| lr / min_lr        | optimizer.lr / optimizer.min_lr (cosine, warmup)     |
+| save_interval      | checkpoint.save, .load (checkpoint_dir), .save_interval |
+| profile_step       | profiling (PyTorch profiler), logger.tensorboard_dir  |
+
+Any other Bridge field: `+bridge.<section>.<field>=<value>` (applied through Bridge's own override parser,
+which rejects unknown fields).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from megatron.bridge.training.config import ConfigContainer
+
+    from vlmtrain.config.schema import RunConfig
+
+OWNS = frozenset(
+    {
+        "train.micro_batch_size",
+        "train.global_batch_size",
+        "train.train_iters",
+        "train.exit_signal_handler",
+        "optimizer.lr",
+        "optimizer.min_lr",
+        "scheduler.lr_warmup_iters",
+        "scheduler.lr_decay_iters",
+        "rng.seed",
+        "checkpoint.save",
+        "checkpoint.load",
+        "checkpoint.save_interval",
+        "logger.log_interval",
+        "profiling",
+        "logger.tensorboard_dir",
+    }
+)
+
+
+@dataclass
+class TrainConfig:
+    micro_batch_size: int = 1
+    """Samples per GPU per micro-step. VLMs are MBS-sensitive: sweep it."""
+    global_batch_size: int = 8
+    seq_length: int = 4096
+    iterations: int = 20
+    lr: float = 1.0e-4
+    min_lr: float = 1.0e-5
+    warmup_iters: int = 2
+    seed: int = 1234
+    log_interval: int = 1
+    save_interval: int | None = None
+    """Checkpoint every N steps into checkpoint_dir; a relaunch with an existing checkpoint resumes. null = never."""
+    checkpoint_dir: str | None = None
+    """null = checkpoints/<the command's overrides>, so relaunching the same command resumes the same run."""
+    profile_step: int | None = None
+    """Run Bridge's PyTorch profiler on this iteration (rank 0, Python call stacks): the trace lands in
+    <run dir>/torch_profile/ and `vlmtrain profile <run dir>` says where that step's GPU and idle time went. The
+    profiled step runs slower (tracing, then writing the trace). null = no profiler."""
+
+
+def apply(run: RunConfig, cfg: ConfigContainer) -> None:
+    t = run.train
+    cfg.train.micro_batch_size = t.micro_batch_size
+    cfg.train.global_batch_size = t.global_batch_size
+    cfg.train.train_iters = t.iterations
+    cfg.train.exit_signal_handler = True  # SIGTERM (Slurm preemption/timeout) -> checkpoint, then exit
+    cfg.optimizer.lr = t.lr
+    cfg.optimizer.min_lr = t.min_lr
+    cfg.scheduler.lr_warmup_iters = t.warmup_iters
+    cfg.scheduler.lr_decay_iters = t.iterations
+    cfg.rng.seed = t.seed
+    ckpt = t.checkpoint_dir if t.save_interval else None  # its default: config.compose.to_run
+    cfg.checkpoint.save = ckpt
+    cfg.checkpoint.load = ckpt
+    cfg.checkpoint.save_interval = t.save_interval
+    cfg.logger.log_interval = t.log_interval
+    cfg.profiling, cfg.logger.tensorboard_dir = None, None
+    if t.profile_step is not None:
+        from megatron.bridge.training.config import ProfilingConfig
+
+        # Bridge writes the trace to <tensorboard_dir>/../torch_profile (and TensorBoard scalars to the dir)
+        cfg.logger.tensorboard_dir = f"{run.output_dir}/tensorboard"
+        cfg.profiling = ProfilingConfig(use_pytorch_profiler=True, profile_step_start=t.profile_step,
+                                        profile_step_end=t.profile_step + 1, profile_ranks=[0],
+                                        pytorch_profiler_collect_callstack=True)

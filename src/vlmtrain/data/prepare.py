@@ -1,0 +1,162 @@
+"""What the data group's files become before Bridge reads them: the processor, the scan of every sample and the
+source Bridge reads (the checked copy, or the dataset without its bad samples), in the shared cache.
+
+Runs on CPU before any GPU work (vlmtrain.data.scan decodes each image): a bad sample fails the run naming the
+dataset, the sample, the file and the reason, or with `data.skip_bad_images=true` is left out and counted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from vlmtrain.config.groups.data import Kind, PayloadConfig, cache_dir
+from vlmtrain.data.realistic import PayloadDistribution
+
+if TYPE_CHECKING:
+    from vlmtrain.config.schema import RunConfig
+    from vlmtrain.data.scan import Report
+
+
+@contextlib.contextmanager
+def _cache_lock(run: RunConfig) -> Iterator[None]:
+    """One writer at a time in the cache (ranks and side-by-side runs share it)."""
+    cache_dir(run).mkdir(parents=True, exist_ok=True)
+    with (cache_dir(run) / ".lock").open("w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def processor_dir(run: RunConfig) -> Path:
+    """The offline Qwen3-VL processor (real Qwen3 tokenizer), built once into the cache."""
+    from vlmtrain.data.processor import build_processor
+
+    with _cache_lock(run):
+        return build_processor(cache_dir(run) / "processor-qwen3vl")
+
+
+@dataclass
+class Prepared:
+    """What the data scan leaves for Bridge (vlmtrain.data.scan): the report, and the source Bridge reads."""
+
+    report: Report | None
+    """None for mock data (no files)."""
+    hf_source: dict[str, Any] | None = None
+    """HFDatasetSourceConfig fields: the checked JSONL copy, the parquet/hf source, or its filtered copy."""
+    energon_kwargs: dict[str, Any] = field(default_factory=dict)
+    """EnergonDatasetConfig.dataset_kwargs (a split config excluding the bad samples, when skipped)."""
+
+    @property
+    def jsonl(self) -> Path | None:
+        """The checked JSONL copy Bridge reads (sample, realistic, jsonl), else None."""
+        return Path(self.report.output) if self.report and self.report.output else None
+
+
+SCAN_FILE = "data_scan.json"
+"""In the run directory: the scan summary and `skipped_samples`, which the metrics callback reads once."""
+
+
+def payload_distribution(p: PayloadConfig) -> PayloadDistribution:
+    """The generator's distribution for data.payload (also what `vlmtrain data export --dataset realistic` uses)."""
+    return PayloadDistribution(
+        image_tokens_min=p.image_tokens_min,
+        image_tokens_max=p.image_tokens_max,
+        images_per_sample=list(p.images_per_sample),
+        prompt_words_min=p.prompt_words_min,
+        prompt_words_max=p.prompt_words_max,
+        answer_words_min=p.answer_words_min,
+        answer_words_max=p.answer_words_max,
+        seed=p.seed,
+    )
+
+
+def scan(run: RunConfig) -> Report | None:
+    """The (cached) scan of every sample this run reads, on CPU (hub datasets downloaded through `datasets`):
+    `vlmtrain data check` prints it."""
+    with _cache_lock(run):
+        return _scan(run, remote=True)
+
+
+def _hf_source(run: RunConfig) -> dict[str, Any]:
+    from vlmtrain.data import hf
+
+    d = run.data
+    return hf.source(str(d.kind), str(d.path), d.split, d.schema_adapter, d.prompt)
+
+
+def _scan(run: RunConfig, remote: bool) -> Report | None:
+    """None: nothing to scan (mock), or a hub dataset and not `remote` (a run does not download it to scan it)."""
+    from vlmtrain.data import energon, hf, jsonl, realistic, sample
+
+    d, cache, seq = run.data, cache_dir(run), run.train.seq_length
+    if d.kind == Kind.sample:
+        return jsonl.scan(sample.write_sample_dataset(cache / "sample"), None, cache, seq, kind="sample")
+    if d.kind == Kind.realistic:
+        generated = realistic.generate(payload_distribution(d.payload), d.payload.num_samples, cache / "realistic")
+        return jsonl.scan(generated, None, cache, seq, kind="realistic")
+    if d.kind == Kind.jsonl:
+        return jsonl.scan(Path(d.path), d.image_dir, cache, seq)
+    if d.kind in (Kind.parquet, Kind.hf):
+        src = _hf_source(run)
+        return hf.scan(str(d.kind), str(Path(d.path).expanduser()), src, cache, seq) if remote or hf.local(src) \
+            else None
+    if d.kind == Kind.energon:
+        return energon.scan(Path(d.path), cache, seq)
+    return None
+
+
+def prepare(run: RunConfig) -> Prepared:
+    """Scan the data (cached), fail naming the bad samples or, with data.skip_bad_images, point Bridge past them;
+    record the outcome in the run directory. Runs in the launcher before torchrun starts the ranks (vlmtrain.flow),
+    in the dry run and in each rank's build (there a cache hit). Hub datasets (Bridge presets) are not scanned:
+    Bridge downloads them in the ranks."""
+    from vlmtrain.data import energon, hf
+
+    d = run.data
+    with _cache_lock(run):
+        report = _scan(run, remote=False)
+        if report is None:
+            prepared = Prepared(None, _hf_source(run) if d.kind == Kind.hf else None)
+        else:
+            report.enforce(d.skip_bad_images)
+            if report.output:  # sample, realistic, jsonl: the checked copy holds only the good rows
+                prepared = Prepared(report, {"path_or_dataset": "json", "split": "train",
+                                             "load_kwargs": {"data_files": {"train": report.output}}})
+            elif d.kind == Kind.energon:
+                prepared = Prepared(report, energon_kwargs=energon.excluding(Path(d.path), report, cache_dir(run))
+                                    if report.bad else {})
+            else:
+                src = _hf_source(run)
+                prepared = Prepared(report, hf.without_bad(str(d.kind), src, report, cache_dir(run))
+                                    if report.bad else src)
+    _record(run, report)
+    return prepared
+
+
+def _record(run: RunConfig, report: Report | None) -> None:
+    out = Path(run.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    summary = {"kind": str(run.data.kind), "skipped_samples": 0}
+    if report is not None:
+        summary.update(dataset=report.dataset, samples=report.samples, images=report.images,
+                       skipped_samples=len(report.bad), skipped=report.lines())
+    tmp = out / f".{SCAN_FILE}.{os.getpid()}"
+    tmp.write_text(json.dumps(summary, indent=1) + "\n")
+    tmp.replace(out / SCAN_FILE)
+
+
+def skipped_samples(run: RunConfig) -> int:
+    """Samples the data scan dropped for this run (data.skip_bad_images), from the run directory."""
+    try:
+        return int(json.loads((Path(run.output_dir) / SCAN_FILE).read_text())["skipped_samples"])
+    except (OSError, ValueError, KeyError):
+        return 0

@@ -1,0 +1,67 @@
+"""The flow of one run: compose -> check -> build -> launch -> train. train.py calls `main`."""
+
+from __future__ import annotations
+
+import sys
+
+from omegaconf import DictConfig
+
+from vlmtrain import worker
+from vlmtrain.build import plan
+from vlmtrain.check import preflight
+from vlmtrain.config import world
+from vlmtrain.config.compose import to_run
+from vlmtrain.data import prepare
+from vlmtrain.data.scan import BadSample
+from vlmtrain.launch import local, slurm
+from vlmtrain.observe import wandb_run
+
+
+class RunFailed(RuntimeError):
+    """A job of a -m sweep ended with a non-zero status."""
+
+    def __init__(self, status: int):
+        super().__init__(status)  # args = (status,): survives pickling (submitit results)
+        self.status = status
+
+    def __str__(self) -> str:
+        return f"run ended with status {self.status}"
+
+
+def exit_failed(status: int) -> None:
+    """Single run: exit with the status. In a -m sweep, raise instead: Hydra's run_job records an exception as
+    that job's failure and the launcher goes on with the other jobs (SystemExit would end the whole sweep, and
+    under submitit leave no result behind)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+        raise RunFailed(status)
+    sys.exit(status)
+
+
+def main(cfg: DictConfig) -> int:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    hc = HydraConfig.get()
+    run = to_run(cfg, hc, hc.runtime.output_dir)
+    if hc.mode == RunMode.MULTIRUN and run.wandb.group is None:
+        run.wandb.group = wandb_run.sweep_group(hc.sweep.dir)
+    gpus = world.local_gpus()
+    if world.is_dry_run(run, gpus):
+        if run.dry_run is None:
+            print("[vlmtrain] no GPU on this machine: printing the dry-run plan (dry_run=false forces training).")
+        return slurm.in_process(run, None) if slurm.under_slurm() else plan.dry_run(run)
+    tasks = int(slurm.slurm_rank_env()["LOCAL_WORLD_SIZE"]) if slurm.under_slurm() else None
+    run.gpus_per_node = world.placement(run, gpus, slurm_tasks_per_node=tasks).gpus_per_node
+    for finding in preflight.enforce(run):
+        print(f"[vlmtrain] {finding}", file=sys.stderr)
+    if slurm.under_slurm():
+        return slurm.in_process(run, worker.train)
+    try:
+        prepare.prepare(run)  # scan the data once, here, before torchrun starts the ranks
+    except BadSample as e:
+        print(f"[vlmtrain] {e}", file=sys.stderr)
+        return 2
+    return local.launch(run)

@@ -1,0 +1,59 @@
+"""Launch on this node (`python train.py ...` on a GPU node): save the resolved run config and re-execute through
+torchrun (`python -m torch.distributed.run --nproc-per-node N -m vlmtrain.worker <run_config.yaml>`), one rank per
+GPU, with the hardware group's env vars in place before torch is imported.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from omegaconf import OmegaConf
+
+from vlmtrain.config import redact, world
+from vlmtrain.config.groups import hardware
+
+if TYPE_CHECKING:
+    from vlmtrain.config.schema import RunConfig
+
+RUN_CONFIG = "run_config.yaml"
+RANKS_LOG = "ranks.log"
+
+
+def save_run_config(run: RunConfig) -> Path:
+    """The config the ranks load. Secrets are written as `${oc.env:...}` references that the ranks resolve from
+    the environment they inherit (vlmtrain.config.redact.ENV_REFERENCES), so the file never holds one."""
+    out = Path(run.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / RUN_CONFIG
+    tree = OmegaConf.to_container(OmegaConf.structured(run), enum_to_str=True)
+    OmegaConf.save(OmegaConf.create(redact.redact(tree, masking=redact.ENV_REFERENCES)), path)
+    return path
+
+
+def launch(run: RunConfig) -> int:
+    """Start one rank per local GPU through torchrun and wait for them."""
+    path = save_run_config(run)
+    lay = world.layout(run)
+    env = dict(os.environ)
+    env.update({k: v for k, v in hardware.runtime_env(run).items() if k not in os.environ})
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={lay.gpus_per_node}",
+           f"--nnodes={lay.nodes}", "--master-port", env.get("MASTER_PORT", "29511"),
+           "-m", "vlmtrain.worker", str(path)]
+    print(f"[vlmtrain] launching {lay.world_size} rank(s): {' '.join(cmd)}", flush=True)
+    return tee(cmd, env, Path(run.output_dir) / RANKS_LOG)
+
+
+def tee(cmd: list[str], env: dict[str, str], log: Path) -> int:
+    """Run cmd with its output on this console and in the run dir (the sweep report reads crashes from it)."""
+    with log.open("ab") as f, subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as p:
+        assert p.stdout is not None
+        for line in p.stdout:
+            sys.stdout.buffer.write(line)
+            sys.stdout.flush()
+            f.write(line)
+        return p.wait()

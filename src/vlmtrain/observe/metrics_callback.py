@@ -1,0 +1,173 @@
+"""The Bridge Callback that turns each step into one honest row of `<run dir>/metrics.jsonl` (and of the W&B run).
+
+Per step: step time (CUDA-synchronised wall clock, max over ranks), peak memory (max over ranks), losses, the
+token/image counters and vlmtrain's FLOPs summed over the data-parallel group, useful tokens/s/GPU and MFU; the
+per-component times of global rank 0 (observe.timing: the first pipeline stage, the one that runs the ViT); and
+Megatron Bridge's own numbers under their own names (megatron_*), computed by Bridge's code. The last rank (it holds
+the loss on the last pipeline stage, and is the rank Bridge logs from) writes the file and the W&B run.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from megatron.bridge.training.callbacks import Callback
+
+from vlmtrain.config import world
+from vlmtrain.observe import flops, timing, wandb_run
+from vlmtrain.observe.results import append_jsonl
+from vlmtrain.train.step_counters import COUNTERS
+
+if TYPE_CHECKING:
+    from megatron.bridge.training.config import ConfigContainer
+
+    from vlmtrain.config.schema import RunConfig
+    from vlmtrain.train.step_counters import StepCounters
+
+TIMING_RANK = 0
+TIMED = (*timing.COMPONENTS, "data_host_s")
+
+
+def megatron_numbers(cfg: ConfigContainer, batch_size: int, stats: tuple, step_s: float,
+                     world_size: int) -> dict[str, float]:
+    """What Bridge reports for this step, by Bridge's own code, over our step time: tokens/s = GBS x seq_length /
+    time (padding counted, report_throughput's definition) and model TFLOP/s/GPU from flop_utils'
+    num_floating_point_operations with the arguments train.py passes (`stats` = its
+    resolve_global_flops_runtime_stats: padded sequence sums and ViT patches of the step)."""
+    from megatron.bridge.training.utils.flop_utils import num_floating_point_operations
+
+    seqlen_sum, seqlen_squared_sum, patches, cross_sum, cross_product_sum = stats
+    flops = float(num_floating_point_operations(cfg, batch_size=batch_size, seqlen_sum=seqlen_sum,
+                                                seqlen_squared_sum=seqlen_squared_sum, num_vision_patches=patches,
+                                                cross_seqlen_sum=cross_sum, cross_seqlen_product_sum=cross_product_sum))
+    tokens = cfg.train.global_batch_size * cfg.dataset.seq_length
+    return {"megatron_flops": flops, "megatron_tokens_per_s": tokens / step_s,
+            "megatron_tokens_per_s_per_gpu": tokens / step_s / world_size,
+            "megatron_tflops_per_s_per_gpu": flops / step_s / world_size / 1e12}
+
+
+def bridge_step_stats(context: Any) -> tuple[int, tuple]:
+    """(global batch size, FLOPs sequence stats) of this step exactly as train.py resolves them after the step
+    (all ranks call this: for THD-packed batches Bridge's resolver all-reduces over the data-parallel group)."""
+    from megatron.bridge.training.utils.flop_utils import resolve_global_flops_runtime_stats
+    from megatron.bridge.training.utils.pg_utils import get_pg_collection
+    from megatron.core.num_microbatches_calculator import get_num_microbatches
+
+    cfg = context.state.cfg
+    dp = get_pg_collection(context.model).dp
+    cross = hasattr(cfg.model, "_get_num_floating_point_operations_with_runtime_stats")
+    stats = resolve_global_flops_runtime_stats(
+        context.state, data_parallel_size=dp.size(), vp_size=cfg.model.virtual_pipeline_model_parallel_size,
+        dp_group=dp, include_cross_attention_stats=cross)
+    return dp.size() * cfg.train.micro_batch_size * get_num_microbatches(), stats
+
+
+class MetricsCallback(Callback):
+    """`counters` count the batches and `timer` times the components of each step (its data mark is the one the
+    counters' data_wait enters)."""
+
+    def __init__(self, run: RunConfig, counters: StepCounters, timer: timing.StepTimer):
+        wandb_run.check_bridge_logger(run)
+        self.run, self.counters, self.timer = run, counters, timer
+        self.path = Path(run.output_dir) / "metrics.jsonl"
+        self.t0 = 0.0
+        self.wandb_run: Any = None
+
+    def _is_writer(self) -> bool:
+        import torch.distributed as dist
+
+        return dist.get_rank() == dist.get_world_size() - 1
+
+    def on_train_start(self, context: Any) -> None:
+        from vlmtrain.data import prepare
+        from vlmtrain.train import after_build
+
+        self.skipped_samples = prepare.skipped_samples(self.run)  # bad samples the build's data scan dropped
+        self.report = after_build.after_model_build(self.run, context)
+        self.frozen_before = after_build.frozen_checksums(context.model)
+        self.max_graphed = 0
+        self.timer.attach(context.model, context.optimizer)
+        if self._is_writer():
+            self.wandb_run = wandb_run.init(self.run, context.state.cfg)
+            wandb_run.hand_to_bridge(context.state, self.wandb_run)
+        self._write_checks()
+
+    def on_train_end(self, context: Any) -> None:
+        from vlmtrain.train import after_build
+
+        self.report.update(after_build.after_training(self.run, context, self.frozen_before, self.max_graphed))
+        self._write_checks()
+        self.timer.detach()
+        if self._is_writer():
+            wandb_run.summarize(self.wandb_run, {"checks": self.report})
+
+    def _write_checks(self) -> None:
+        if self._is_writer():
+            (Path(self.run.output_dir) / "checks.json").write_text(json.dumps(self.report, indent=1))
+            print("[vlmtrain] checks: " + json.dumps(self.report), flush=True)
+
+    def on_train_step_start(self, context: Any) -> None:
+        import torch
+
+        torch.cuda.synchronize()
+        self.t0 = time.perf_counter()
+        self.timer.start()
+
+    def on_train_step_end(self, context: Any) -> None:
+        import torch
+        import torch.distributed as dist
+        from megatron.core import parallel_state
+
+        from vlmtrain.train import after_build
+
+        self.timer.stop()
+        torch.cuda.synchronize()
+        t_end = time.perf_counter()
+        step_s = t_end - self.t0
+        if self.run.cuda_graph.modules:
+            self.max_graphed = max(self.max_graphed, after_build.graphed_layers(context.model))
+        fl = flops.step_flops(self.run, self.counters.samples)
+        local = [float(self.counters.totals[k]) for k in COUNTERS] + [fl.vit, fl.projector, fl.decoder]
+        vec = torch.tensor(local, dtype=torch.float64, device="cuda")
+        dist.all_reduce(vec, group=parallel_state.get_data_parallel_group())
+        # One MAX over all ranks: peak memory, step time, and rank 0's component times (zeros elsewhere).
+        times = self.timer.totals() if dist.get_rank() == TIMING_RANK else {}
+        maxed = [torch.cuda.max_memory_allocated() / 2**30, step_s] + [times.get(k, 0.0) for k in TIMED]
+        peak = torch.tensor(maxed, dtype=torch.float64, device="cuda")
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+        batch_size, stats = bridge_step_stats(context)
+        peak_gib, step_s, *timed = peak.tolist()
+        # This rank's host time in vlmtrain's per-step code (counting the batches, the step timer's hooks and CUDA
+        # event marks, this callback up to here): what vlmtrain adds to every step on the host.
+        host_s = self.counters.host_s + self.timer.host_s + time.perf_counter() - t_end
+        self.counters.reset()
+        if not self._is_writer():
+            return
+        row = self._row(context, vec.tolist(), peak_gib, step_s)
+        row["vlmtrain_host_s"] = host_s
+        row.update(timing.row(dict(zip(TIMED, timed, strict=True)), step_s), data_host_s=timed[-1])
+        row.update(megatron_numbers(context.state.cfg, batch_size, stats, step_s, dist.get_world_size()))
+        append_jsonl(self.path, row)
+        wandb_run.log_row(self.wandb_run, row)
+
+    def _row(self, context: Any, vals: list[float], peak_gib: float, step_s: float) -> dict[str, Any]:
+        """Counters, vlmtrain FLOPs and throughput, losses and grad norm of this step."""
+        row: dict[str, Any] = {"step": context.state.train_state.step, "step_s": step_s, "peak_mem_gib": peak_gib,
+                               "data_kind": str(self.run.data.kind), "skipped_samples": self.skipped_samples}
+        row.update({k: int(v) for k, v in zip(COUNTERS, vals[: len(COUNTERS)], strict=True)})
+        flops_vit, flops_proj, flops_dec = vals[len(COUNTERS):]
+        total = flops_vit + flops_proj + flops_dec
+        gpus = world.layout(self.run).world_size
+        row.update(flops_vit=flops_vit, flops_projector=flops_proj, flops_decoder=flops_dec, flops=total,
+                   useful_tokens_per_s_per_gpu=row["nonpad_tokens"] / step_s / gpus,
+                   padded_tokens_per_s_per_gpu=row["padded_tokens"] / step_s / gpus,
+                   tflops_per_s_per_gpu=total / step_s / gpus / 1e12,
+                   mfu=flops.mfu(total, step_s, gpus, self.run.hardware.peak_bf16_tflops))
+        for k, v in (context.loss_dict or {}).items():
+            row[k.replace(" ", "_")] = float(v.item() if hasattr(v, "item") else v)
+        if context.grad_norm is not None:
+            row["grad_norm"] = float(context.grad_norm)
+        return row

@@ -1,0 +1,165 @@
+"""Drop-in replacements for three Bridge Qwen3-VL hot spots that a profile of the issue-9 best case found
+(results/profile_h200x2.jsonl): the same results, faster. The kernels group decides which (`replacements`);
+`install()` puts them in place once per training process, before Bridge builds the model.
+
+- rope_te: Bridge rotates q and k of packed (THD) rows, in the ViT and the decoder, with Megatron's unfused
+  `_apply_rotary_pos_emb_bshd` (cos, sin, two multiplies, a chunk/cat rotate-half and an add; the ViT does it in
+  fp32): 249 ms of forward kernels in the profiled step, 8 % of the GPU's busy time; the backward of those ops runs
+  outside Python frames, so the profile cannot name its share. Bridge's freqs there are absolute, one row per
+  token ([t, 1, 1, d]), which is exactly what TE's fused kernel applies to an sbhd tensor with s = t and b = 1.
+  TE computes in fp32 and rounds once (the ViT path did the same; the decoder's bf16 path rounded each op).
+- vit_positions: `Qwen3VLVisionModel.fast_pos_embed_interpolate` builds Python lists of 4 indices and 4 weights per
+  patch (~280k list items per micro-batch) and syncs once per image; `rot_pos_emb` launches ~10 tiny kernels per
+  image. Here both build their index tensors on the host with tensor ops, rows already in the 2x2-merge order, and
+  move them once: one embedding lookup, no per-image GPU work. Forward outputs are bit-identical
+  (tests/unit/test_fastpaths.py runs Bridge's own methods beside these).
+- pin_visual_inputs: Bridge's DataLoader pins batches (pin_memory=True), but torch only pins tensors, containers
+  and objects with a `pin_memory()` method, and Bridge's GenericVisualInputs has none. Its pixel tensors
+  (200-270 MB per micro-batch here) stayed pageable, so `.cuda(non_blocking=True)` ran as a blocking ~6 GB/s copy
+  on the compute stream. The method added here lets the loader's pin thread pin them off the critical path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+from vlmtrain.config.groups import kernels
+
+if TYPE_CHECKING:
+    from vlmtrain.config.schema import RunConfig
+
+_installed: dict[str, tuple[Any, str, Any]] = {}
+
+
+def _replace(name: str, owner: Any, attr: str, new: Any) -> None:
+    """Set owner.attr = new once per process, keeping the original for uninstall()."""
+    if name not in _installed:
+        _installed[name] = (owner, attr, owner.__dict__.get(attr))
+        setattr(owner, attr, new)
+
+
+def uninstall() -> None:
+    """Restore every replaced attribute (tests)."""
+    for owner, attr, original in _installed.values():
+        if original is None:
+            delattr(owner, attr)
+        else:
+            setattr(owner, attr, original)
+    _installed.clear()
+
+
+def installed() -> list[str]:
+    return sorted(_installed)
+
+
+# --- rope_te ------------------------------------------------------------------------------------------------------
+
+
+def install_rope_te() -> None:
+    from megatron.bridge.models.qwen_vl.modelling_qwen3_vl import rope
+
+    unfused = rope.apply_rotary_pos_emb_thd_absolute
+
+    def apply_rotary_pos_emb_thd_absolute(t: Any, cu_seqlens: Any, freqs: Any, rotary_interleaved: bool = False) -> Any:
+        """TE's fused RoPE on [t, 1, h, d] with per-token freqs [t, 1, 1, d]; anything else goes to Bridge's."""
+        if freqs.dim() != 4 or freqs.shape[0] != t.shape[0] or freqs.shape[1:3] != (1, 1):
+            return unfused(t, cu_seqlens, freqs, rotary_interleaved=rotary_interleaved)
+        from transformer_engine.pytorch.attention.rope import apply_rotary_pos_emb
+
+        out = apply_rotary_pos_emb(t[:, None], freqs, tensor_format="sbhd", interleaved=rotary_interleaved, fused=True)
+        return out.squeeze(1)
+
+    _replace("rope_te", rope, "apply_rotary_pos_emb_thd_absolute", apply_rotary_pos_emb_thd_absolute)
+
+
+# --- vit_positions ------------------------------------------------------------------------------------------------
+
+
+def _grids(grid_thw: Any) -> list[tuple[int, int, int]]:
+    """(frames, height, width) in patches per image; one device->host copy."""
+    return [(int(t), int(h), int(w)) for t, h, w in grid_thw.tolist()]
+
+
+def _merge_order(x: Any, h: int, w: int, m: int, frames: int) -> Any:
+    """[k, h, w] per-patch rows -> [k, frames * h * w] in the ViT's order: m x m merge blocks, then frames."""
+    k = x.shape[0]
+    return x.view(k, h // m, m, w // m, m).permute(0, 1, 3, 2, 4).reshape(k, -1).repeat(1, frames)
+
+
+def pos_embed_interpolate(self: Any, grid_thw: Any) -> Any:
+    """Qwen3VLVisionModel.fast_pos_embed_interpolate with the bilinear indices/weights built as host tensors."""
+    import torch
+
+    n, m = self.num_grid_per_side, self.config.spatial_merge_size
+    idx_parts, weight_parts = [], []
+    for frames, h, w in _grids(grid_thw):
+        h_idxs, w_idxs = torch.linspace(0, n - 1, h), torch.linspace(0, n - 1, w)
+        h_floor, w_floor = h_idxs.int(), w_idxs.int()
+        h_ceil, w_ceil = (h_floor + 1).clip(max=n - 1), (w_floor + 1).clip(max=n - 1)
+        dh, dw = h_idxs - h_floor, w_idxs - w_floor
+        base_h, base_h_ceil = h_floor * n, h_ceil * n
+        idx = torch.stack([base_h[:, None] + w_floor[None], base_h[:, None] + w_ceil[None],
+                           base_h_ceil[:, None] + w_floor[None], base_h_ceil[:, None] + w_ceil[None]])
+        weight = torch.stack([(1 - dh)[:, None] * (1 - dw)[None], (1 - dh)[:, None] * dw[None],
+                              dh[:, None] * (1 - dw)[None], dh[:, None] * dw[None]])
+        idx_parts.append(_merge_order(idx, h, w, m, frames))
+        weight_parts.append(_merge_order(weight, h, w, m, frames))
+    table = self.pos_embed.weight
+    idx = torch.cat(idx_parts, dim=1).long().to(table.device)
+    weight = torch.cat(weight_parts, dim=1).to(table.dtype).to(table.device)
+    pos_embeds = self.pos_embed(idx) * weight[:, :, None]
+    return pos_embeds[0] + pos_embeds[1] + pos_embeds[2] + pos_embeds[3]
+
+
+def rot_pos_emb(self: Any, grid_thw: Any) -> Any:
+    """Qwen3VLVisionModel.rot_pos_emb with the (row, col) of every patch built as one host tensor."""
+    import torch
+
+    m = self.spatial_merge_size
+    grids = _grids(grid_thw)
+    freq_table = self.rotary_pos_emb(max(max(h, w) for _, h, w in grids))
+    parts = []
+    for frames, h, w in grids:
+        rows = torch.arange(h).view(1, h, 1).expand(1, h, w)
+        cols = torch.arange(w).view(1, 1, w).expand(1, h, w)
+        parts.append(_merge_order(torch.cat([rows, cols]).contiguous(), h, w, m, frames))
+    pos_ids = torch.cat(parts, dim=1).t().to(freq_table.device)
+    return freq_table[pos_ids].flatten(1)
+
+
+def install_vit_positions() -> None:
+    from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.vision_model import Qwen3VLVisionModel
+
+    _replace("vit_pos_embed", Qwen3VLVisionModel, "fast_pos_embed_interpolate", pos_embed_interpolate)
+    _replace("vit_rot_pos_emb", Qwen3VLVisionModel, "rot_pos_emb", rot_pos_emb)
+
+
+# --- pin_visual_inputs --------------------------------------------------------------------------------------------
+
+
+def pin_memory(self: Any) -> Any:
+    """GenericVisualInputs.pin_memory: a copy with every tensor field in pinned host memory."""
+    import torch
+
+    pinned = {f.name: v.pin_memory() for f in dataclasses.fields(self)
+              if isinstance(v := getattr(self, f.name), torch.Tensor)}
+    return dataclasses.replace(self, **pinned)
+
+
+def install_pin_visual_inputs() -> None:
+    from megatron.bridge.training.utils.visual_inputs import GenericVisualInputs
+
+    _replace("pin_visual_inputs", GenericVisualInputs, "pin_memory", pin_memory)
+
+
+INSTALL = {"rope_te": install_rope_te, "vit_positions": install_vit_positions,
+           "pin_visual_inputs": install_pin_visual_inputs}
+
+
+def install(run: RunConfig) -> list[str]:
+    """Put the run's chosen code paths (kernels.replacements) in place in this training process; their names."""
+    names = kernels.replacements(run)
+    for name in names:
+        INSTALL[name]()
+    return names

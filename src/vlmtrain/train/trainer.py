@@ -1,0 +1,35 @@
+"""Train: Bridge's own pretrain() loop on the built ConfigContainer, counting every micro-batch, with the callbacks
+it is given (worker.py passes observe's)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vlmtrain.config.schema import RunConfig
+    from vlmtrain.train.step_counters import StepCounters
+
+
+def use_prebuilt_dataset_helpers() -> None:
+    """Skip Bridge's `make` of Megatron's dataset helpers: the megatron-core wheel ships them built but no
+    Makefile, so compile_helpers() would exit the process. Fails loudly if the built module is missing."""
+    import megatron.bridge.training.initialize as init
+    from megatron.core.datasets import helpers_cpp  # noqa: F401  (the prebuilt extension must import)
+
+    init.compile_helpers = lambda: None
+
+
+def train(run: RunConfig, counters: StepCounters, callbacks: list[Any]) -> None:
+    """pretrain() on the run's container; `counters` sees every micro-batch, Bridge runs `callbacks`."""
+    from megatron.bridge.training.pretrain import pretrain
+
+    from vlmtrain.build import container
+    from vlmtrain.config.groups import data
+    from vlmtrain.train import after_build, bridge_patches
+
+    cfg = container.build(run)
+    after_build.before_launch(run, cfg)
+    use_prebuilt_dataset_helpers()
+    if paths := bridge_patches.install(run):
+        print(f"[vlmtrain] kernels: Bridge code paths replaced: {', '.join(paths)}", flush=True)
+    pretrain(cfg, counters.wrap(data.forward_step(run)), callbacks=callbacks)

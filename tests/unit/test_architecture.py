@@ -1,0 +1,97 @@
+"""The import layering of src/vlmtrain: a stage imports only from its own stage or an earlier one; cli, flow and
+worker wire the stages together and may import anything (and no stage imports them)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+STAGES = ("config", "data", "check", "build", "launch", "train", "observe", "report")
+WIRING = frozenset({"vlmtrain.cli", "vlmtrain.flow", "vlmtrain.worker"})
+SWEEPER_MAY_IMPORT = frozenset({"config", "check", "launch"})
+
+
+def module_of(path: Path) -> tuple[str, bool]:
+    """(dotted module name, whether it is a package's __init__) of a file under SRC."""
+    parts = path.relative_to(SRC).with_suffix("").parts
+    return (".".join(parts[:-1]), True) if parts[-1] == "__init__" else (".".join(parts), False)
+
+
+def imports(source: str, module: str, is_package: bool = False) -> list[tuple[int, str]]:
+    """(line, vlmtrain module) of every vlmtrain import in `source`: top level, inside functions, under
+    TYPE_CHECKING; `from vlmtrain import x` is vlmtrain.x and relative imports are resolved against `module`."""
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join([*package[: len(package) - node.level + 1], *([node.module] if node.module else [])]) \
+                if node.level else node.module or ""
+            found += [(node.lineno, f"{base}.{a.name}") for a in node.names]
+    return [(line, name) for line, name in found if name.split(".")[0] == "vlmtrain"]
+
+
+def stage(module: str) -> int | None:
+    """The stage index of a vlmtrain module; None for the package itself and the wiring modules."""
+    parts = module.split(".")
+    return STAGES.index(parts[1]) if len(parts) > 1 and parts[1] in STAGES else None
+
+
+def violations(source: str, module: str, is_package: bool = False) -> list[str]:
+    """Every import in `source` (the text of `module`) of a later stage or of a wiring module."""
+    own = stage(module)
+    if own is None:
+        return []
+    out = []
+    for line, target in imports(source, module, is_package):
+        to = stage(target)
+        if target in WIRING or (to is not None and to > own):
+            where = STAGES[to] if to is not None else "wiring"
+            out.append(f"{module}:{line} imports {target} ({where} comes after {STAGES[own]})")
+    return out
+
+
+def modules() -> list[tuple[Path, str, bool]]:
+    return [(p, *module_of(p)) for p in sorted((SRC / "vlmtrain").rglob("*.py"))]
+
+
+def test_every_module_is_in_a_stage_or_wiring() -> None:
+    stray = [m for _, m, _ in modules() if m != "vlmtrain" and m not in WIRING and stage(m) is None]
+    assert not stray, f"modules outside the stages {STAGES} and the wiring modules: {stray}"
+
+
+def test_no_stage_imports_a_later_stage() -> None:
+    found = [v for path, m, pkg in modules() for v in violations(path.read_text(), m, pkg)]
+    assert not found, "\n".join(found)
+
+
+def test_the_sweeper_imports_only_config_check_and_launch() -> None:
+    path = SRC / "hydra_plugins" / "vlmtrain_sweeper" / "vlmtrain_sweeper.py"
+    found = [(line, target) for line, target in imports(path.read_text(), "hydra_plugins.vlmtrain_sweeper.x")
+             if target.split(".")[1] not in SWEEPER_MAY_IMPORT]
+    assert not found, found
+
+
+@pytest.mark.parametrize(("module", "source", "reported"), [
+    ("vlmtrain.launch.slurm", "from vlmtrain.train import trainer\n", "vlmtrain.train.trainer"),
+    ("vlmtrain.train.trainer", "def train():\n    from vlmtrain import observe\n", "vlmtrain.observe"),
+    ("vlmtrain.train.step_counters", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+     "    from vlmtrain.observe.timing import StepTimer\n", "vlmtrain.observe.timing.StepTimer"),
+    ("vlmtrain.train.step_counters", "from ..observe import timing\n", "vlmtrain.observe.timing"),
+    ("vlmtrain.config", "from . import compose\nfrom ..check import memory\n", "vlmtrain.check.memory"),
+    ("vlmtrain.config.compose", "import vlmtrain.data.scan\n", "vlmtrain.data.scan"),
+    ("vlmtrain.launch.local", "from vlmtrain import worker\n", "vlmtrain.worker"),
+], ids=["top level", "in a function", "type checking", "relative", "relative in a package", "import", "wiring"])
+def test_a_planted_violation_is_reported(module: str, source: str, reported: str) -> None:
+    found = violations(source, module, is_package=module == "vlmtrain.config")
+    assert len(found) == 1 and f" imports {reported} " in found[0], found
+
+
+def test_earlier_and_own_stage_imports_pass() -> None:
+    source = "from vlmtrain.config import world\nfrom vlmtrain.launch.slurm import in_process\nimport os\n"
+    assert violations(source, "vlmtrain.launch.local") == []
+    assert violations("from vlmtrain.observe import results\n", "vlmtrain.cli") == []  # wiring imports anything
