@@ -1,6 +1,6 @@
 """Build: the run config -> Megatron Bridge's ConfigContainer. The only place groups meet Bridge.
 
-A base container carries what no group decides (BF16 mixed precision, Adam, cosine schedule, NullTokenizer:
+A base container carries what no group decides (Adam, cosine schedule, NullTokenizer:
 the processor tokenizes); then every group's `apply()` writes its OWNS fields, then `+bridge.*` overrides go
 through Bridge's own override parser. Finalization/validation is Bridge's `runtime_config_update()`.
 """
@@ -64,7 +64,7 @@ def base_container(provider: Any) -> ConfigContainer:
         checkpoint=CheckpointConfig(fully_parallel_save=True),
         dist=DistributedInitConfig(),
         rng=RNGConfig(seed=1234),
-        mixed_precision="bf16_mixed",
+        mixed_precision="bf16_mixed",  # the precision group replaces it
     )
 
 

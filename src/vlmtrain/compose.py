@@ -10,7 +10,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from vlmtrain.schema import RunConfig, register
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
-GROUPS = ("model", "data", "parallelism", "hardware", "dispatcher", "recompute", "cuda_graph", "kernels", "vision")
+GROUPS = ("model", "data", "parallelism", "hardware", "dispatcher", "recompute", "cuda_graph", "kernels", "vision",
+          "precision")
 
 
 def to_run(cfg: DictConfig, choices: dict[str, Any] | None = None, output_dir: str | None = None) -> RunConfig:

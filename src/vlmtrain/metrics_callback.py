@@ -18,6 +18,7 @@ from megatron.bridge.training.callbacks import Callback
 
 from vlmtrain import metrics, timing, wandb_log, world
 from vlmtrain.callbacks import COUNTERS
+from vlmtrain.groups import precision
 from vlmtrain.results import append_jsonl
 
 if TYPE_CHECKING:
@@ -162,7 +163,9 @@ class MetricsCallback(Callback):
                    useful_tokens_per_s_per_gpu=row["nonpad_tokens"] / step_s / gpus,
                    padded_tokens_per_s_per_gpu=row["padded_tokens"] / step_s / gpus,
                    tflops_per_s_per_gpu=total / step_s / gpus / 1e12,
-                   mfu=metrics.mfu(total, step_s, gpus, self.run.hardware.peak_bf16_tflops))
+                   mfu=metrics.mfu(total, step_s, gpus, self.run.hardware.peak_bf16_tflops),
+                   mfu_precision_peak=metrics.mfu(total, step_s, gpus, precision.peak_tflops(self.run)),
+                   precision=precision.label(self.run))
         for k, v in (context.loss_dict or {}).items():
             row[k.replace(" ", "_")] = float(v.item() if hasattr(v, "item") else v)
         if context.grad_norm is not None:

@@ -19,6 +19,7 @@ from vlmtrain.groups.hardware import HardwareConfig
 from vlmtrain.groups.kernels import KernelsConfig
 from vlmtrain.groups.model import ModelConfig
 from vlmtrain.groups.parallelism import ParallelismConfig
+from vlmtrain.groups.precision import PrecisionConfig
 from vlmtrain.groups.recompute import RecomputeConfig
 from vlmtrain.groups.train import TrainConfig
 from vlmtrain.groups.vision import VisionConfig
@@ -59,6 +60,7 @@ class RunConfig:
     cuda_graph: CudaGraphConfig = MISSING
     kernels: KernelsConfig = MISSING
     vision: VisionConfig = MISSING
+    precision: PrecisionConfig = MISSING
     train: TrainConfig = field(default_factory=TrainConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
     preflight: PreflightConfig = field(default_factory=PreflightConfig)

@@ -12,10 +12,11 @@ from vlmtrain.groups import (
     kernels,
     model,
     parallelism,
+    precision,
     recompute,
     train,
     vision,
 )
 
 # The order only fixes how the dry-run plan lists groups; OWNS sets are disjoint.
-ALL = (model, parallelism, hardware, dispatcher, recompute, cuda_graph, kernels, vision, data, train)
+ALL = (model, parallelism, hardware, dispatcher, recompute, cuda_graph, kernels, vision, precision, data, train)

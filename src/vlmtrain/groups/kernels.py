@@ -91,8 +91,9 @@ def replacements(run: RunConfig) -> list[str]:
 def install(run: RunConfig) -> list[str]:
     """Put the chosen code paths in place in this (training) process; returns their names."""
     from vlmtrain import fastpaths
+    from vlmtrain.groups import precision
 
-    names = replacements(run)
+    names = replacements(run) + precision.replacements(run)
     for name in names:
         fastpaths.INSTALL[name]()
     return names

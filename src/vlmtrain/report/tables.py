@@ -112,10 +112,11 @@ def render(jobs: list[Job], source: str, root: Path | None) -> str:
     if kind == "flops":
         lines += ["", "No per-component times in metrics.jsonl: the split columns show the model **FLOP** split, "
                   "not time."]
-    for section, title in SECTIONS.items():
-        members = [j for j in jobs if j.rank is not None and j.section == section]
-        if members:
-            lines += ["", f"## {title}", "", *ranked_table(members, base, kind)]
+    for group in sorted({j.ranking for j in jobs if j.rank is not None}):
+        members = [j for j in jobs if j.rank is not None and j.ranking == group]
+        title = SECTIONS[members[0].section] + (f" — precision {group[2]} (ranked only against {group[2]})"
+                                                if group[2] != "bf16" else "")
+        lines += ["", f"## {title}", "", *ranked_table(members, base, kind)]
     others = [j for j in jobs if j.rank is None]
     if others:
         lines += ["", "## Not ranked: failures, skips and unfinished runs", "", *failure_table(others, base)]
