@@ -31,12 +31,12 @@ BASE = ["model=qwen3_vl_30b_a3b", "model.num_layers=4", "data=realistic", "train
         "train.global_batch_size=1", "gpus_per_node=1", "wandb.enabled=false"]
 RECIPES = {"bf16": ["precision=bf16"], "fp8-tensorwise": ["precision=fp8"],
            "fp8-blockwise": ["precision=fp8", "precision.scaling=blockwise"]}
-STEPS = {"parity": 100, "speed": 12}
+STEPS = {"parity": 100, "speed": 10}
 PARITY_WINDOW = 10
 """Steps in the moving average the loss curves are compared after (single-sample steps are noisy)."""
 PARITY_TOLERANCE_NATS = 0.05
-"""The largest smoothed-loss difference accepted as parity; the FP8 literature reports ~0.01-0.03 nats late in
-training; at 100 steps from random init BF16 itself moves by ~0.02 between seeds of the data order."""
+"""The largest smoothed-loss difference accepted as parity, fixed before the first run: about 1 % of the loss
+(~4.5 nats) these runs reach at step 100."""
 
 
 def run_case(mode: str, recipe: str, i: int) -> dict[str, object]:
@@ -75,7 +75,8 @@ def summarize(path: Path, commit: str) -> None:
         runs.setdefault(meta["recipe"], []).append((meta, summary, losses))
         results.append(path, f"30b-shape-l4_{meta['recipe']}_{meta['mode']}-{meta['i']}", meta["command"],
                        {"rc": meta["rc"], **summary}, commit=commit, wall_s=meta["wall_s"])
-    ok = {r: [(m, s, losses) for m, s, losses in v if m["rc"] == 0 and s] for r, v in runs.items()}
+    # a run stopped before its last step (rc != 0) still counts with the steps it made; the row says so
+    ok = {r: [(m, s, losses) for m, s, losses in v if s.get("steps", 0) > results.SKIP] for r, v in runs.items()}
     base_loss = next((losses for m, _, losses in ok.get("bf16", []) if m["mode"] == "parity"), None)
     bf16 = ok.get("bf16") or []
     base_rate = statistics.median(s["useful_tokens_per_s_per_gpu"] for _, s, _ in bf16) if bf16 else None
@@ -84,7 +85,8 @@ def summarize(path: Path, commit: str) -> None:
             continue
         rates = [s["useful_tokens_per_s_per_gpu"] for _, s, _ in done]
         steps = [s["step_s"] for _, s, _ in done]
-        metrics = {"runs": len(done), "useful_tokens_per_s_per_gpu": statistics.median(rates),
+        metrics = {"runs": len(done), "incomplete_runs": sum(m["rc"] != 0 for m, _, _ in done),
+                   "useful_tokens_per_s_per_gpu": statistics.median(rates),
                    "useful_tokens_per_s_per_gpu_min": min(rates), "useful_tokens_per_s_per_gpu_max": max(rates),
                    "step_s": statistics.median(steps), "step_s_min": min(steps), "step_s_max": max(steps),
                    "peak_mem_gib": max(s["peak_mem_gib"] for _, s, _ in done),

@@ -437,7 +437,7 @@ def fp8_blockwise_off_hopper(run: RunConfig, lay: Layout) -> str | None:
 @rule(Severity.error)
 def fp8_delayed_with_bf16_layers(run: RunConfig, lay: Layout) -> str | None:
     p = run.precision
-    if p.format == Format.fp8 and p.scaling == Scaling.delayed and (p.bf16_layers_at_start or p.bf16_layers_at_end):
+    if p.format == Format.fp8 and p.scaling == Scaling.delayed and any(precision.bf16_layers(run)):
         return ("precision.scaling=delayed cannot keep decoder layers in BF16 (Megatron asserts: delayed scaling "
                 "wraps the whole block in one FP8 context). Set precision.bf16_layers_at_start=0 "
                 "precision.bf16_layers_at_end=0, or precision.scaling=tensorwise.")
@@ -446,12 +446,12 @@ def fp8_delayed_with_bf16_layers(run: RunConfig, lay: Layout) -> str | None:
 
 @rule(Severity.error)
 def bf16_layers_fit_each_stage(run: RunConfig, lay: Layout) -> str | None:
-    p = run.precision
-    kept = (p.bf16_layers_at_start or 0) + (p.bf16_layers_at_end or 0)
-    if precision.quantized(run) and kept and kept >= min(_stage_layers(run, lay)):
-        return (f"precision.bf16_layers_at_start + _end = {kept} leave no FP8 decoder layer in a pipeline stage of "
-                f"{min(_stage_layers(run, lay))} layers (Megatron counts them per stage). Lower them, or use "
-                "precision=bf16.")
+    kept = sum(precision.bf16_layers(run))
+    if kept and kept >= min(_stage_layers(run, lay)):
+        return (f"precision={precision.label(run)} keeps {kept} decoder layers per pipeline stage in BF16 "
+                f"(precision.bf16_layers_at_start/_end, or the Bridge recipe's own), leaving no quantized layer in a "
+                f"stage of {min(_stage_layers(run, lay))}. Set precision.bf16_layers_at_start=0 "
+                "precision.bf16_layers_at_end=0, or use precision=bf16.")
     return None
 
 

@@ -92,6 +92,35 @@ def recipe_name(run: RunConfig) -> str:
     return RECIPES[(p.format, p.scaling if p.format == Format.fp8 else None)]
 
 
+RECIPES_WITHOUT_QUANTIZED_PARAMS = frozenset({"bf16_with_fp8_subchannel_scaling_mixed"})
+"""Quantized recipes whose weights stay BF16 (Bridge: fp8_param_gather/fp4_param_gather false): TE then keeps an
+FP8 copy of each quantized weight, row- and column-wise (2 B per parameter), across the step's micro-batches. The
+others store the weights quantized (1 B + its 1 B transpose on Hopper), the same 2 B as BF16."""
+RECIPE_BF16_LAYERS = {"bf16_with_fp8_current_scaling_mixed": (1, 1)}
+"""(start, end) decoder layers a Bridge recipe keeps in BF16 on its own; (0, 0) for the others."""
+
+
+def bf16_layers(run: RunConfig) -> tuple[int, int]:
+    """The decoder layers kept BF16 at the start and the end: the settings, else the Bridge recipe's own."""
+    p, (start, end) = run.precision, RECIPE_BF16_LAYERS.get(recipe_name(run), (0, 0))
+    if not quantized(run):
+        return 0, 0
+    return (start if p.bf16_layers_at_start is None else p.bf16_layers_at_start,
+            end if p.bf16_layers_at_end is None else p.bf16_layers_at_end)
+
+
+def quantized_layers(run: RunConfig) -> set[int]:
+    """Decoder layer indexes whose GEMMs run in the quantized format."""
+    start, end = bf16_layers(run)
+    n = run.model.num_layers
+    return set(range(start, n - end)) if quantized(run) else set()
+
+
+def weight_cache(run: RunConfig) -> bool:
+    """Whether TE holds extra quantized copies of BF16 weights (see RECIPES_WITHOUT_QUANTIZED_PARAMS)."""
+    return quantized(run) and recipe_name(run) in RECIPES_WITHOUT_QUANTIZED_PARAMS
+
+
 def sm(hw: HardwareConfig) -> int:
     return hw.sm_major * 10 + hw.sm_minor
 
@@ -105,10 +134,14 @@ def peak_tflops(run: RunConfig) -> float:
 
 
 def label(run: RunConfig) -> str:
-    """bf16 | fp8-tensorwise | fp8-blockwise | mxfp8 | nvfp4 (+ '-vit' when the ViT is quantized too)."""
-    p = run.precision
-    name = f"fp8-{p.scaling}" if p.format == Format.fp8 else str(p.format)
-    return name + ("-vit" if quantized(run) and p.vision == VisionPrecision.quantized else "")
+    return label_of(run.precision.format, run.precision.scaling, run.precision.vision)
+
+
+def label_of(fmt: str, scaling: str = Scaling.tensorwise, vision: str = VisionPrecision.bf16) -> str:
+    """bf16 | fp8-tensorwise | fp8-blockwise | mxfp8 | nvfp4 (+ '-vit' when the ViT is quantized too); also for
+    a saved run config read as plain dicts (the report)."""
+    name = f"fp8-{scaling}" if fmt == Format.fp8 else str(fmt)
+    return name + ("-vit" if fmt != Format.bf16 and vision == VisionPrecision.quantized else "")
 
 
 def replacements(run: RunConfig) -> list[str]:

@@ -96,8 +96,13 @@ class Job:
 
     @property
     def precision(self) -> str:
-        """The metrics' precision label (bf16, fp8-tensorwise, ...), else the precision choice, else bf16."""
-        return str(self.metrics.get("precision") or self.choices.get("precision") or "bf16")
+        """The precision label (bf16, fp8-tensorwise, ...) of the saved config, else of the choice, else bf16."""
+        from vlmtrain.groups.precision import label_of
+
+        p = self.config.get("precision") or {}
+        if not p:
+            return str(self.choices.get("precision") or "bf16")
+        return label_of(p.get("format", "bf16"), p.get("scaling", "tensorwise"), p.get("vision", "bf16"))
 
     @property
     def ranking(self) -> tuple[int, int, str]:
