@@ -25,7 +25,8 @@ def test_each_option_names_the_bridge_recipe_it_means(bridge, fmt, scaling):
     assert (mp.fp8_recipe if mp.fp8 else None, mp.fp4_recipe if mp.fp4 else None) == want
     keeps_bf16_weights = (mp.fp8 or mp.fp4) and not (mp.fp8_param_gather or mp.fp4_param_gather)
     assert (name in precision.RECIPES_WITHOUT_QUANTIZED_PARAMS) == bool(keeps_bf16_weights)
-    bf16_layers = (mp.num_layers_at_start_in_bf16, mp.num_layers_at_end_in_bf16) if mp.first_last_layers_bf16 else (0, 0)
+    bf16_layers = ((mp.num_layers_at_start_in_bf16, mp.num_layers_at_end_in_bf16) if mp.first_last_layers_bf16
+                   else (0, 0))
     assert precision.RECIPE_BF16_LAYERS.get(name, (0, 0)) == bf16_layers
 
 

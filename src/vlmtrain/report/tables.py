@@ -101,7 +101,8 @@ def render(jobs: list[Job], source: str, root: Path | None) -> str:
              "rates are total work / total time, step and component times medians; non-pad = the share of the "
              "tokens the model ran that are not padding. MFU uses vlmtrain's model FLOPs and the hardware group's "
              "dense BF16 peak, for every precision (FP8 runs are ranked in their own sections and also record "
-             "mfu_precision_peak, against the format's own peak); peak memory is the max allocated over ranks; headroom is the hardware group's "
+             "mfu_precision_peak, against the format's own peak); peak memory is the max allocated over ranks; "
+             "headroom is the hardware group's "
              "memory_gib minus that peak."]
     lines += [x for x in (_sweep_line(root),) if x]
     if fixed:
