@@ -89,8 +89,9 @@ def error_pct(estimated: float, measured: float) -> float:
 
 def rebuildable(record: dict[str, Any]) -> bool:
     """A finished single run whose data this machine regenerates (shipped photos; not mock, not a user's files)."""
-    cmd = record["command"]
-    return (record["metrics"].get("rc", 0) == 0 and bool(record["metrics"].get("peak_mem_gib"))
+    cmd, m = record["command"], record["metrics"]
+    trained = m.get("rc", 0) == 0 or m.get("steps", 0) > 0  # a run stopped by a time limit still measured a peak
+    return (trained and bool(m.get("peak_mem_gib")) and cmd.startswith("python train.py ")
             and " -m " not in cmd and "<inputs>" not in cmd and "data=mock" not in cmd)
 
 
@@ -137,7 +138,8 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--measured", type=Path, nargs="+",
-                    default=[ROOT / "results" / "gpu_training.jsonl", ROOT / "results" / "gpu_acceptance.jsonl"])
+                    default=[ROOT / "results" / f"{name}.jsonl"
+                             for name in ("gpu_training", "gpu_acceptance", "precision_h200")])
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "memory_estimates.jsonl")
     ap.add_argument("--cache-dir", type=Path, default=ROOT / "outputs" / "memory_check_cache",
                     help="where the runs' datasets and processor are materialized (kept out of ~/.cache)")

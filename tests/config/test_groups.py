@@ -317,6 +317,7 @@ SWAPS = [
     ("cuda_graph", ["cuda_graph=none"], ["cuda_graph=moe_router_preprocess"]),
     ("kernels", ["kernels=default"], ["kernels=fast"]),
     ("vision", ["vision=trainable"], ["vision=frozen_with_projector"]),
+    ("precision", ["precision=bf16"], ["precision=fp8", "precision.scaling=blockwise", "precision.router_dtype=fp64"]),
     ("train", [], ["train.micro_batch_size=2", "train.iterations=7", "train.save_interval=5", "train.profile_step=3"]),
 ]
 

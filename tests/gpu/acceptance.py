@@ -74,6 +74,10 @@ CASES: list[Case] = [
     Case("qwen35-l4_first-run", SHAPE_35),
     Case("qwen35-l4_second-run", SHAPE_35, exclusive=True, expect={"max_first_step_s": 60.0}),
     Case("235b-l1_realistic", SHAPE_235B, exclusive=True),
+    # the kernels group on Qwen3.5: CUTLASS experts, fused router, TE cross entropy and RoPE, host ViT positions
+    Case("qwen35-l4_kernels-fast", [*SHAPE_35, "kernels=fast"]),
+    Case("qwen35-l4_packing_refused", [*SHAPE_35, "data.packing=true"], expect_rc=1,
+         expect={"message": "qwen35_packing_unverified"}),
 ]
 
 

@@ -81,6 +81,18 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     "memory_fits": (["model=qwen3_vl_235b_a22b", "hardware=h100"], ["model=qwen3_vl_30b_a3b"]),
     "memory_headroom": (["model=qwen3_vl_30b_a3b", "hardware=h100", "recompute=full"], ["model=qwen3_vl_30b_a3b"]),
     "frozen_vision_benchmark_only": (["vision=frozen"], ["vision=trainable"]),
+    "precision_needs_hardware": (["precision=mxfp8", "hardware=h200"], ["precision=mxfp8", "hardware=gb200"]),
+    "fp8_blockwise_off_hopper": (["precision=fp8", "precision.scaling=blockwise", "hardware=b200"],
+                                 ["precision=fp8", "precision.scaling=blockwise", "hardware=h200"]),
+    "fp8_delayed_with_bf16_layers": (["precision=fp8", "precision.scaling=delayed", "precision.bf16_layers_at_start=1"],
+                                     ["precision=fp8", "precision.scaling=delayed"]),
+    # fp8 tensorwise keeps Bridge's 1 + 1 BF16 layers unless told otherwise
+    "bf16_layers_fit_each_stage": (["precision=fp8", "model.num_layers=2"],
+                                   ["precision=fp8", "model.num_layers=2", "precision.bf16_layers_at_start=0",
+                                    "precision.bf16_layers_at_end=0"]),
+    "quantized_packing_alignment": (["precision=fp8", "data.packing=true", "train.micro_batch_size=2"],
+                                    ["precision=bf16", "data.packing=true", "train.micro_batch_size=2"]),
+    "quantized_unmeasured_combination": (["precision=fp8", "kernels=fast"], ["precision=fp8"]),
 }
 
 

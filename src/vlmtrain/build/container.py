@@ -1,6 +1,6 @@
 """Build: the run config -> Megatron Bridge's ConfigContainer. The only place groups meet Bridge.
 
-A base container carries what no group decides (BF16 mixed precision, Adam, cosine schedule, NullTokenizer:
+A base container carries what no group decides (Adam, cosine schedule, NullTokenizer:
 the processor tokenizes); then every group's `apply()` writes its OWNS fields (the model and data groups from
 what the data stage prepared: the processor's token ids, the scanned source), then `+bridge.*` overrides go
 through Bridge's own override parser. Finalization/validation is Bridge's `runtime_config_update()`.
@@ -69,7 +69,7 @@ def base_container(provider: Any) -> ConfigContainer:
         checkpoint=CheckpointConfig(fully_parallel_save=True),
         dist=DistributedInitConfig(),
         rng=RNGConfig(seed=1234),
-        mixed_precision="bf16_mixed",
+        mixed_precision="bf16_mixed",  # the precision group replaces it
     )
 
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from vlmtrain.check import preflight
 from vlmtrain.config import redact, world
-from vlmtrain.config.groups import GROUPS, group_name, hardware, kernels
+from vlmtrain.config.groups import GROUPS, group_name, hardware, kernels, precision
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
@@ -65,7 +65,10 @@ def render(run: RunConfig, cfg: ConfigContainer | None, findings: list[preflight
         f"data:     {run.data.kind}" + ("  (MOCK: not a performance run)" if run.data.kind == "mock" else ""),
         "env:      " + " ".join(f"{k}={v}" for k, v in sorted(hardware.runtime_env(run).items())),
     ]
-    if paths := kernels.replacements(run):
+    vit = run.precision.vision if precision.quantized(run) else "bf16"
+    lines.append(f"precision: {precision.label(run)} (Bridge {precision.recipe_name(run)}; ViT {vit}, "
+                 f"router {run.precision.router_dtype})")
+    if paths := kernels.replacements(run) + precision.replacements(run):
         lines.append("code:     Bridge code the training processes replace (vlmtrain.train.bridge_patches): "
                      + ", ".join(paths))
     if cfg is not None:

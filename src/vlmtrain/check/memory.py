@@ -25,11 +25,13 @@ from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING
 
 from vlmtrain.config import world
+from vlmtrain.config.groups import precision
 from vlmtrain.config.groups.data import Kind as DataKind
 from vlmtrain.config.groups.data import pads_to_max_length
 from vlmtrain.config.groups.dispatcher import Backend
 from vlmtrain.config.groups.model import Family, LinearAttentionConfig
 from vlmtrain.config.groups.parallelism import Kind as ParKind
+from vlmtrain.config.groups.precision import VisionPrecision
 from vlmtrain.config.groups.recompute import Granularity, Method
 from vlmtrain.data.realistic import COLLATE_MAX_TOKENS as COLLATE_MAX_IMAGE_TOKENS
 from vlmtrain.data.realistic import COLLATE_MIN_TOKENS as COLLATE_MIN_IMAGE_TOKENS
@@ -42,6 +44,8 @@ if TYPE_CHECKING:
 GIB = 2**30
 BF16 = 2
 FP32 = 4
+QUANTIZED_COPY_BYTES = 2
+"""An FP8 weight copy TE builds for a BF16 weight: 1 B row-wise + 1 B column-wise (Hopper's FP8 GEMMs are TN)."""
 GRAD_BYTES = FP32
 """Main grads are FP32: vlmtrain builds Bridge's DDP config with grad_reduce_in_fp32=True (build/container.py)."""
 OPTIMIZER_BYTES = 3 * FP32
@@ -410,6 +414,8 @@ class MemoryBreakdown:
     """FP32 main grads of the trainable weights (FSDP: its shard)."""
     optimizer: float
     """FP32 master weights + Adam exp_avg + exp_avg_sq, sharded over DP (experts: expert-DP)."""
+    quantized_weights: float
+    """TE's FP8 copies (row- and column-wise) of BF16 weights under a recipe that keeps weights BF16."""
     fsdp_buckets: float
     """Megatron-FSDP's step-end BF16 buckets (FSDP_STEP_BUFFER_BYTES); not alive with the activations."""
     fsdp_gather: float
@@ -438,7 +444,8 @@ class MemoryBreakdown:
     def persistent(self) -> float:
         """Held for the whole step: weights, grads, optimizer state, graph pools, flex buffers, fixed overhead."""
         flex = self.dispatcher if self.flex_dispatcher else 0.0
-        return self.params + self.grads + self.optimizer + self.cuda_graphs + self.overhead + flex
+        return (self.params + self.quantized_weights + self.grads + self.optimizer + self.cuda_graphs + self.overhead
+                + flex)
 
     @property
     def activation_phase(self) -> float:
@@ -497,6 +504,17 @@ def _fsdp_gather(run: RunConfig, lay: Layout, layers: range) -> float:
     return 2 * BF16 * (dense * (1 - 1 / lay.dp) + expert * (1 - 1 / lay.expert_dp))
 
 
+def quantized_weight_bytes(run: RunConfig, lay: Layout, stage: int) -> float:
+    """precision.weight_cache: 2 B per parameter of the stage's quantized decoder layers (and of the ViT when it is
+    quantized too), unsharded: TE quantizes the gathered weight (measured: results/precision_h200.jsonl)."""
+    if not precision.weight_cache(run):
+        return 0.0
+    quantized = precision.quantized_layers(run)
+    layers = sum(sum(layer_params(run.model, lay, i)) for i in stage_layers(run, lay)[stage] if i in quantized)
+    vit = stage_params(run, lay, stage).vision if run.precision.vision == VisionPrecision.quantized else 0
+    return QUANTIZED_COPY_BYTES * (layers + vit)
+
+
 def _stage_estimate(run: RunConfig, lay: Layout, stage: int, w: Workload) -> MemoryBreakdown:
     sp = stage_params(run, lay, stage)
     layers = world.stage_layers(run, lay)[stage]
@@ -511,7 +529,8 @@ def _stage_estimate(run: RunConfig, lay: Layout, stage: int, w: Workload) -> Mem
     if last:  # final norm input + output saved for the output layer
         decoder += 2 * run.model.hidden_size * BF16 * tokens / lay.tp
     return MemoryBreakdown(
-        params=params / GIB, grads=grads / GIB, optimizer=optimizer / GIB, fsdp_buckets=buckets / GIB,
+        params=params / GIB, quantized_weights=quantized_weight_bytes(run, lay, stage) / GIB, grads=grads / GIB,
+        optimizer=optimizer / GIB, fsdp_buckets=buckets / GIB,
         fsdp_gather=_fsdp_gather(run, lay, layers) / GIB,
         decoder_activations=decoder / GIB,
         vision_activations=(vision_activation_bytes(run, lay, patches, inflight) if stage == 0 else 0.0) / GIB,

@@ -19,6 +19,7 @@ from vlmtrain.config.groups.hardware import HardwareConfig
 from vlmtrain.config.groups.kernels import KernelsConfig
 from vlmtrain.config.groups.model import ModelConfig
 from vlmtrain.config.groups.parallelism import ParallelismConfig
+from vlmtrain.config.groups.precision import PrecisionConfig
 from vlmtrain.config.groups.recompute import RecomputeConfig
 from vlmtrain.config.groups.train import TrainConfig
 from vlmtrain.config.groups.vision import VisionConfig
@@ -59,6 +60,7 @@ class RunConfig:
     cuda_graph: CudaGraphConfig = MISSING
     kernels: KernelsConfig = MISSING
     vision: VisionConfig = MISSING
+    precision: PrecisionConfig = MISSING
     train: TrainConfig = field(default_factory=TrainConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
     preflight: PreflightConfig = field(default_factory=PreflightConfig)

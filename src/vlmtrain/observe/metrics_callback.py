@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from megatron.bridge.training.callbacks import Callback
 
 from vlmtrain.config import world
+from vlmtrain.config.groups import precision
 from vlmtrain.observe import flops, timing, wandb_run
 from vlmtrain.observe.results import append_jsonl
 from vlmtrain.train.step_counters import COUNTERS
@@ -165,7 +166,9 @@ class MetricsCallback(Callback):
                    useful_tokens_per_s_per_gpu=row["nonpad_tokens"] / step_s / gpus,
                    padded_tokens_per_s_per_gpu=row["padded_tokens"] / step_s / gpus,
                    tflops_per_s_per_gpu=total / step_s / gpus / 1e12,
-                   mfu=flops.mfu(total, step_s, gpus, self.run.hardware.peak_bf16_tflops))
+                   mfu=flops.mfu(total, step_s, gpus, self.run.hardware.peak_bf16_tflops),
+                   mfu_precision_peak=flops.mfu(total, step_s, gpus, precision.peak_tflops(self.run)),
+                   precision=precision.label(self.run))
         for k, v in (context.loss_dict or {}).items():
             row[k.replace(" ", "_")] = float(v.item() if hasattr(v, "item") else v)
         if context.grad_norm is not None:

@@ -19,7 +19,8 @@ from typing import Any
 
 SKIP = 3
 """Warm-up steps left out of every summary."""
-HEADLINE_KEYS = ("step_s", "useful_tokens_per_s_per_gpu", "padded_tokens_per_s_per_gpu", "tflops_per_s_per_gpu", "mfu")
+HEADLINE_KEYS = ("step_s", "useful_tokens_per_s_per_gpu", "padded_tokens_per_s_per_gpu", "tflops_per_s_per_gpu", "mfu",
+                 "mfu_precision_peak")
 RATE_KEYS = frozenset(HEADLINE_KEYS[1:])
 """Per-step rates: summarized as total work / total time (weighted by step_s), not as a median."""
 

@@ -93,6 +93,22 @@ class Job:
         return "mock" if self.mock else "frozen" if self.frozen else "main"
 
     @property
+    def precision(self) -> str:
+        """The precision label (bf16, fp8-tensorwise, ...) of the saved config, else of the choice, else bf16."""
+        from vlmtrain.config.groups.precision import label_of
+
+        p = self.config.get("precision") or {}
+        if not p:
+            return str(self.choices.get("precision") or "bf16")
+        return label_of(p.get("format", "bf16"), p.get("scaling", "tensorwise"), p.get("vision", "bf16"))
+
+    @property
+    def ranking(self) -> tuple[int, int, str]:
+        """Where the job ranks: its section, then its precision (BF16 first); different precisions never share
+        a table, since an FP8 step does less arithmetic work per FLOP counted than a BF16 one."""
+        return list(SECTIONS).index(self.section), self.precision != "bf16", self.precision
+
+    @property
     def memory_gib(self) -> float | None:
         return (self.config.get("hardware") or {}).get("memory_gib")
 

@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from vlmtrain.config.groups import CHOSEN
 from vlmtrain.observe.results import read_jsonl
 from vlmtrain.report.failures import classify, log_text
-from vlmtrain.report.job import SECTIONS, Job, steady_metrics
+from vlmtrain.report.job import Job, steady_metrics
 from vlmtrain.report.wandb_runs import attach_wandb, online_jobs
 
 FINDING = re.compile(r"^\[(\w+)\]\s+(\w+):\s*(.*)$", re.DOTALL)
@@ -134,11 +134,10 @@ def gather(source: str | Path) -> list[Job]:
 def rank(jobs: list[Job]) -> list[Job]:
     """Finished jobs ranked by useful tokens/s/GPU inside their section; the others keep their order at the end."""
     done = [j for j in jobs if j.status == "ok" and j.metrics]
-    for section in SECTIONS:
-        ordered = sorted((j for j in done if j.section == section),
+    for group in {j.ranking for j in done}:
+        ordered = sorted((j for j in done if j.ranking == group),
                          key=lambda j: -j.metrics["useful_tokens_per_s_per_gpu"])
         for i, job in enumerate(ordered, 1):
             job.rank = i
-    order = list(SECTIONS)
-    ranked = sorted(done, key=lambda j: (order.index(j.section), j.rank))
+    ranked = sorted(done, key=lambda j: (j.ranking, j.rank))
     return ranked + [j for j in jobs if j not in ranked]

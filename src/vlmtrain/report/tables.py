@@ -100,7 +100,9 @@ def render(jobs: list[Job], source: str, root: Path | None) -> str:
              f"Ranked by useful (non-padding) tokens/s/GPU over the steps after the first {SKIP} (warm-up): "
              "rates are total work / total time, step and component times medians; non-pad = the share of the "
              "tokens the model ran that are not padding. MFU uses vlmtrain's model FLOPs and the hardware group's "
-             "dense BF16 peak; peak memory is the max allocated over ranks; headroom is the hardware group's "
+             "dense BF16 peak, for every precision (FP8 runs are ranked in their own sections and also record "
+             "mfu_precision_peak, against the format's own peak); peak memory is the max allocated over ranks; "
+             "headroom is the hardware group's "
              "memory_gib minus that peak."]
     lines += [x for x in (_sweep_line(root),) if x]
     if fixed:
@@ -112,10 +114,11 @@ def render(jobs: list[Job], source: str, root: Path | None) -> str:
     if kind == "flops":
         lines += ["", "No per-component times in metrics.jsonl: the split columns show the model **FLOP** split, "
                   "not time."]
-    for section, title in SECTIONS.items():
-        members = [j for j in jobs if j.rank is not None and j.section == section]
-        if members:
-            lines += ["", f"## {title}", "", *ranked_table(members, base, kind)]
+    for group in sorted({j.ranking for j in jobs if j.rank is not None}):
+        members = [j for j in jobs if j.rank is not None and j.ranking == group]
+        title = SECTIONS[members[0].section] + (f" — precision {group[2]} (ranked only against {group[2]})"
+                                                if group[2] != "bf16" else "")
+        lines += ["", f"## {title}", "", *ranked_table(members, base, kind)]
     others = [j for j in jobs if j.rank is None]
     if others:
         lines += ["", "## Not ranked: failures, skips and unfinished runs", "", *failure_table(others, base)]

@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from vlmtrain.config.groups import kernels
+from vlmtrain.config.groups import kernels, precision
 
 if TYPE_CHECKING:
     from vlmtrain.config.schema import RunConfig
@@ -153,13 +153,38 @@ def install_pin_visual_inputs() -> None:
     _replace("pin_visual_inputs", GenericVisualInputs, "pin_memory", pin_memory)
 
 
+VIT_QUANTIZED_FIELDS = ("fp8", "fp8_recipe", "fp8_margin", "fp8_amax_history_len", "fp8_amax_compute_algo",
+                        "fp8_wgrad", "fp4", "fp4_recipe")
+"""The decoder's number-format fields the ViT takes over under precision.vision=quantized (never fp8_param: the
+ViT keeps BF16 weights, and never the BF16 first/last-layer counts, which index decoder layers)."""
+
+
+def install_vit_quantized() -> None:
+    """vit_quantized: Bridge builds the ViT's TransformerConfig from scratch and copies no FP8/FP4 field into it,
+    so the vision tower runs BF16 under every recipe; this copies the decoder's format into it."""
+    from megatron.bridge.models.qwen_vl import qwen35_vl_provider
+    from megatron.bridge.models.qwen_vl.modelling_qwen3_vl import model
+
+    original = model.get_vision_model_config
+
+    def get_vision_model_config(hf_config: Any, megatron_config: Any = None) -> Any:
+        config = original(hf_config, megatron_config=megatron_config)
+        for name in VIT_QUANTIZED_FIELDS:
+            setattr(config, name, getattr(megatron_config, name))
+        return config
+
+    _replace("vit_quantized", model, "get_vision_model_config", get_vision_model_config)
+    _replace("vit_quantized_qwen35", qwen35_vl_provider, "get_vision_model_config", get_vision_model_config)
+
+
 INSTALL = {"rope_te": install_rope_te, "vit_positions": install_vit_positions,
-           "pin_visual_inputs": install_pin_visual_inputs}
+           "pin_visual_inputs": install_pin_visual_inputs, "vit_quantized": install_vit_quantized}
 
 
 def install(run: RunConfig) -> list[str]:
-    """Put the run's chosen code paths (kernels.replacements) in place in this training process; their names."""
-    names = kernels.replacements(run)
+    """Put the run's chosen code paths (kernels' and precision's replacements) in place in this training
+    process; their names."""
+    names = kernels.replacements(run) + precision.replacements(run)
     for name in names:
         INSTALL[name]()
     return names

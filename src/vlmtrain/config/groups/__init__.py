@@ -14,6 +14,7 @@ from vlmtrain.config.groups import (
     kernels,
     model,
     parallelism,
+    precision,
     recompute,
     train,
     vision,
@@ -25,7 +26,7 @@ def group_name(group: ModuleType) -> str:
     return group.__name__.rsplit(".", 1)[1]
 
 
-GROUPS = (model, data, parallelism, hardware, dispatcher, recompute, cuda_graph, kernels, vision, train)
+GROUPS = (model, data, parallelism, hardware, dispatcher, recompute, cuda_graph, kernels, vision, precision, train)
 """Every group, in the order the plan, the run's choices and the sweep report list them."""
 CHOSEN = tuple(group_name(g) for g in GROUPS if g is not train)
 """The groups a run picks an option of (`group=option`, conf/<group>/); train's fields are set one by one."""

@@ -1,11 +1,11 @@
 """hardware group: what a GPU kind is (per-node size, NVLink domain, peak BF16, memory) and its env vars.
 
-| option | GPUs/node | NVLink domain | dense BF16 peak | default dispatcher |
-|--------|-----------|---------------|-----------------|--------------------|
-| gb200  | 4         | 72 (MNNVL)    | 2500 TFLOP/s    | hybridep           |
-| b200   | 8         | 8             | 2250 TFLOP/s    | alltoall           |
-| h100   | 8         | 8             | 989 TFLOP/s     | alltoall           |
-| h200   | 8         | 8             | 989 TFLOP/s     | alltoall           |
+| option | GPUs/node | NVLink domain | dense BF16 / FP8 / FP4 peak (TFLOP/s) | default dispatcher |
+|--------|-----------|---------------|---------------------------------------|--------------------|
+| gb200  | 4         | 72 (MNNVL)    | 2500 / 5000 / 10000                   | hybridep           |
+| b200   | 8         | 8             | 2250 / 4500 / 9000                    | alltoall           |
+| h100   | 8         | 8             | 989 / 1979 / -                        | alltoall           |
+| h200   | 8         | 8             | 989 / 1979 / -                        | alltoall           |
 
 The env vars must be in the environment before Python imports torch (Bridge's `env_vars` are applied late
 with setdefault), so the launcher exports `runtime_env()`; `apply()` also records them in `cfg.env_vars`.
@@ -39,7 +39,11 @@ class HardwareConfig:
     mnnvl: bool = False
     """Multi-node NVLink (GB200): HybridEP spans nodes inside the domain."""
     peak_bf16_tflops: float = 989.0
-    """Vendor dense BF16 peak per GPU (never the 2x sparsity figure); the MFU denominator."""
+    """Vendor dense BF16 peak per GPU (never the 2x sparsity figure); the MFU denominator of every precision."""
+    peak_fp8_tflops: float | None = None
+    """Vendor dense FP8 peak per GPU (FP8 and MXFP8); null where the GPU has no FP8 tensor cores."""
+    peak_fp4_tflops: float | None = None
+    """Vendor dense FP4 peak per GPU (NVFP4); null where the GPU has no FP4 tensor cores."""
     memory_gib: float = 141.0
     """HBM per GPU: the budget of the memory estimate."""
     default_dispatcher: str = "alltoall"

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine (no network): installs what scripts/device/prepare.sh packed into /tmp/site.
+#   bash scripts/device/install.sh stage FOLDER...  in each call that carries one .device/teN or depsN folder:
+#                                                  copies it to /tmp/dev, which outlives the call while warm
+#   bash scripts/device/install.sh                 once all are staged; later calls: export PYTHONPATH=/tmp/site
+set -euo pipefail
+DEV=${DEVICE_STAGE:-/tmp/dev}
+SITE=${DEVICE_SITE:-/tmp/site}
+if [ "${1:-}" = stage ]; then shift; mkdir -p "$DEV"; for d in "$@"; do cp "$d"/* "$DEV/"; done; echo "staged: $(find "$DEV" -type f | wc -l) files"; exit; fi
+cd "$DEV"
+# The TE core wheel came in parts NAME.whl.part00, part01, ... (one call carries at most 64 MiB).
+for first in ./*.whl.part00; do
+  [ -e "$first" ] || break
+  w=${first%.part00}; cat "$w".part[0-9]* > "$w" && rm -f "$w".part[0-9]*
+done
+# --no-deps: prepare.sh already chose exactly the lock's versions of what the image lacks.
+python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" ./*.whl 2>&1 | grep -v "WARNING: Target" || true
+# TE's torch extension is an sdist: build it against the image's torch, CUDA 13 and the nvidia wheels' headers (H200: sm_90).
+SP=$(python3 -c "import site; print(site.getsitepackages()[0])")
+export PYTHONPATH=$SITE
+CUDA_HOME=/usr/local/cuda CPATH=$SP/nvidia/nccl/include:$SP/nvidia/cudnn/include:$SP/nvidia/cu13/include:/usr/local/cuda/include \
+  MAX_JOBS=$(nproc) NVTE_FRAMEWORK=pytorch NVTE_CUDA_ARCHS=90 \
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/te-torch ./transformer_engine_torch-*.tar.gz
+# --target would replace SITE's transformer_engine package, so merge the extension in by hand.
+cp -r /tmp/te-torch/transformer_engine/* "$SITE/transformer_engine/" && cp -r /tmp/te-torch/*.dist-info "$SITE/"
+python3 -c "import torch, transformer_engine.pytorch, megatron.bridge; print('device env ready: torch', torch.__version__, 'gpus', torch.cuda.device_count())"
