@@ -510,7 +510,7 @@ def quantized_weight_bytes(run: RunConfig, lay: Layout, stage: int) -> float:
     if not precision.weight_cache(run):
         return 0.0
     quantized = precision.quantized_layers(run)
-    layers = sum(sum(layer_params(run.model, lay, i)) for i in stage_layers(run, lay)[stage] if i in quantized)
+    layers = sum(sum(layer_params(run.model, lay, i)) for i in world.stage_layers(run, lay)[stage] if i in quantized)
     vit = stage_params(run, lay, stage).vision if run.precision.vision == VisionPrecision.quantized else 0
     return QUANTIZED_COPY_BYTES * (layers + vit)
 
