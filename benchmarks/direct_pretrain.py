@@ -1,57 +1,16 @@
-"""One torchrun rank of the "Bridge alone" side of benchmarks/overhead.py: Bridge's pretrain() on the ConfigContainer
-vlmtrain builds from a saved run_config.yaml, with the Bridge forward step vlmtrain picks for the data
-(vlmtrain.config.groups.data.forward_step) and NO vlmtrain callbacks or counters, so the step-time difference to
-`python train.py` is vlmtrain's overhead.
+"""One torchrun rank of overhead.py's "Bridge alone" side.
 
-    python -m torch.distributed.run --nproc-per-node=2 --nnodes=1 --master-port 29500 \\
-        benchmarks/direct_pretrain.py <run dir>/run_config.yaml
-    python benchmarks/direct_pretrain.py <run_config.yaml> --dry-run   # CPU: build + Bridge validation only
+    python benchmarks/direct_pretrain.py <run_config.yaml> [--dry-run]
+
+The code is vlmtrain.observe.bench.direct (its docstring, or --help, says the rest).
 """
-
-from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-if TYPE_CHECKING:
-    from megatron.bridge.training.config import ConfigContainer
-
-    from vlmtrain.config.schema import RunConfig
-
-
-def build_cfg(run: RunConfig) -> ConfigContainer:
-    """The same ConfigContainer vlmtrain.train.trainer.train() hands to pretrain() (build, then the helper patch), and
-    the same model code: the kernels group's fast paths are part of what trains, not of vlmtrain's overhead."""
-    from vlmtrain.build import container
-    from vlmtrain.train import bridge_patches, trainer
-
-    cfg = container.build(run)
-    trainer.use_prebuilt_dataset_helpers()
-    bridge_patches.install(run)
-    return cfg
-
-
-def main(argv: list[str]) -> int:
-    from vlmtrain.config.compose import load_run  # the run config exactly as vlmtrain.worker loads it on every rank
-
-    run = load_run(argv[0])
-    cfg = build_cfg(run)
-    if "--dry-run" in argv[1:]:
-        from vlmtrain.build import target
-
-        target.finalize(run, cfg)  # Bridge's runtime_config_update for the declared target, as the plan does
-        print(f"[direct] {argv[0]}: ConfigContainer built and validated by Bridge", flush=True)
-        return 0
-    from megatron.bridge.training.pretrain import pretrain
-
-    from vlmtrain.config.groups import data
-
-    pretrain(cfg, data.forward_step(run))
-    return 0
-
+from vlmtrain.observe.bench.direct import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

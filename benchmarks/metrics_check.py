@@ -23,6 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from vlmtrain.config import architecture as arch  # noqa: E402
 from vlmtrain.config.compose import load_run  # noqa: E402
 from vlmtrain.config.schema import RunConfig  # noqa: E402
 from vlmtrain.observe import results  # noqa: E402
@@ -90,15 +91,15 @@ def flops_from_params(run: RunConfig, params: dict, batch: list[dict]) -> float:
     dec_total = sum(params["decoder"].values())
     experts = m.num_layers * m.num_experts * 3 * m.hidden_size * m.moe_ffn_hidden_size
     active_dec = dec_total - m.vocab_size * m.hidden_size - experts * (1 - m.moe_topk / m.num_experts)
-    vit_total = sum(params["vision"].values()) - 2304 * v.hidden_size  # position-embedding table: a lookup
+    vit_total = sum(params["vision"].values()) - arch.VIT_POSITION_EMBEDDINGS * v.hidden_size  # a lookup table
     proj_total = sum(params["projector"].values())
-    n_attn = m.num_layers if m.linear_attention is None else m.num_layers // m.linear_attention.full_attention_interval
+    n_attn = arch.layer_types(m).count("full_attention")
     dec = sum(
         2 * active_dec * s["len"] + n_attn * 2 * m.num_attention_heads * m.head_dim * s["len"] ** 2 for s in batch
     )
     patches = [p for s in batch for p in s["patches"]]
     vit = sum(2 * vit_total * p + v.depth * 4 * p * p * v.hidden_size for p in patches)
-    proj = sum(2 * proj_total * p / 4 for p in patches)
+    proj = sum(2 * proj_total * p / arch.PATCHES_PER_TOKEN for p in patches)
     vis = run.vision
     bwd = lambda trained, upstream: 2 if trained else (1 if upstream else 0)  # noqa: E731
     return (

@@ -6,7 +6,8 @@
 
 Every run is `python train.py` on the 30B-A3B layer shapes at 4 decoder layers, real images (data=realistic),
 MBS 1, GBS 1, the same seed and data order for every recipe, run one after another (never side by side). Run dirs
-go under outputs/precision/<mode>/<recipe>-<i>; `summarize` appends to results/precision_h200.jsonl one row per
+go under outputs/precision/<mode>/<recipe>-<i> (case.json: rc, command and the GPU machine); `summarize` (on
+any machine) appends to results/precision_h200.jsonl one row per
 run and one summary row per recipe: the median of its runs' steady step_s / useful tokens/s with the min-max
 spread, the speed ratio against BF16's median, the peak memory, and the loss parity of its 100-step run against
 BF16's: the largest absolute difference of the two loss curves after a centred moving average (PARITY_WINDOW).
@@ -49,7 +50,7 @@ def run_case(mode: str, recipe: str, i: int) -> dict[str, object]:
         rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
                             env=dict(os.environ, PYTHONUNBUFFERED="1")).returncode
     meta = {"mode": mode, "recipe": recipe, "i": i, "rc": rc, "wall_s": round(time.time() - t0, 1),
-            "command": "python train.py " + " ".join(overrides)}
+            "command": "python train.py " + " ".join(overrides), "machine": results.machine()}
     (run_dir / "case.json").write_text(json.dumps(meta))
     print(f"[precision] {mode} {recipe} #{i}: rc {rc}, {meta['wall_s']} s", flush=True)
     return meta
@@ -74,7 +75,7 @@ def summarize(path: Path, commit: str) -> None:
         losses = [r["lm_loss"] for r in rows if isinstance(r.get("lm_loss"), int | float)]
         runs.setdefault(meta["recipe"], []).append((meta, summary, losses))
         results.append(path, f"30b-shape-l4_{meta['recipe']}_{meta['mode']}-{meta['i']}", meta["command"],
-                       {"rc": meta["rc"], **summary}, commit=commit, wall_s=meta["wall_s"])
+                       {"rc": meta["rc"], **summary}, commit=commit, wall_s=meta["wall_s"], machine=meta["machine"])
     # a run stopped before its last step (rc != 0) still counts with the steps it made; the row says so
     ok = {r: [(m, s, losses) for m, s, losses in v if s.get("steps", 0) > results.SKIP] for r, v in runs.items()}
     base_loss = next((losses for m, _, losses in ok.get("bf16", []) if m["mode"] == "parity"), None)
@@ -99,7 +100,7 @@ def summarize(path: Path, commit: str) -> None:
             metrics.update(loss_parity_max_abs_diff_nats=parity(base_loss, mine), parity_steps=min(len(base_loss),
                            len(mine)), parity_window=PARITY_WINDOW, parity_tolerance_nats=PARITY_TOLERANCE_NATS)
         results.append(path, f"30b-shape-l4_{recipe}_summary", "python benchmarks/precision_h200.py summarize",
-                       metrics, commit=commit, recipe=recipe)
+                       metrics, commit=commit, recipe=recipe, machine=done[0][0]["machine"])
         print(f"[precision] {recipe}: {json.dumps(metrics)}", flush=True)
 
 

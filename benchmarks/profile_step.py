@@ -13,13 +13,12 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import perf_h200x2  # noqa: E402
-import run_cases  # noqa: E402
-from run_cases import ROOT, Case  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from vlmtrain.observe import results  # noqa: E402
+from vlmtrain.observe.bench import cases as run_cases  # noqa: E402
+from vlmtrain.observe.bench import perf_h200x2  # noqa: E402
+from vlmtrain.observe.bench.cases import ROOT, Case  # noqa: E402
 from vlmtrain.report import profile  # noqa: E402
 
 

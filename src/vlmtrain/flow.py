@@ -1,4 +1,4 @@
-"""The flow of one run: compose -> check -> build -> launch -> train. train.py calls `main`."""
+"""The flow of one run: compose -> resolve -> check -> build -> launch -> train. train.py calls `main`."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from vlmtrain.build import plan
 from vlmtrain.check import preflight
 from vlmtrain.config import world
 from vlmtrain.config.compose import to_run
+from vlmtrain.config.resolve import resolve
 from vlmtrain.data import prepare
 from vlmtrain.data.scan import BadSample
 from vlmtrain.launch import local, slurm
@@ -52,16 +53,18 @@ def main(cfg: DictConfig) -> int:
     if world.is_dry_run(run, gpus):
         if run.dry_run is None:
             print("[vlmtrain] no GPU on this machine: printing the dry-run plan (dry_run=false forces training).")
-        return slurm.in_process(run, None) if slurm.under_slurm() else plan.dry_run(run)
+        resolved = resolve(run)
+        return slurm.in_process(run, None, resolved) if slurm.under_slurm() else plan.dry_run(run, resolved)
     tasks = int(slurm.slurm_rank_env()["LOCAL_WORLD_SIZE"]) if slurm.under_slurm() else None
     run.gpus_per_node = world.placement(run, gpus, slurm_tasks_per_node=tasks).gpus_per_node
-    for finding in preflight.enforce(run):
+    resolved = resolve(run)  # once the placement is known: every later stage reads the layout from here
+    for finding in preflight.enforce(run, resolved):
         print(f"[vlmtrain] {finding}", file=sys.stderr)
     if slurm.under_slurm():
-        return slurm.in_process(run, worker.train)
+        return slurm.in_process(run, worker.train, resolved)
     try:
         prepare.prepare(run)  # scan the data once, here, before torchrun starts the ranks
     except BadSample as e:
         print(f"[vlmtrain] {e}", file=sys.stderr)
         return 2
-    return local.launch(run)
+    return local.launch(run, resolved)

@@ -109,6 +109,15 @@ def _start(case: Case, out: Path, inputs: Path, port: int) -> tuple[subprocess.P
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT), run_dir, time.time()
 
 
+CASE_FILE = "case.json"
+"""The case's results row, written into its run dir too: a recorded run dir then holds its exit status."""
+
+
+def recorded_rc(run_dir: Path) -> int:
+    """The exit status the suite recorded for a run dir (its case.json), which the run's own files do not hold."""
+    return json.loads((run_dir / CASE_FILE).read_text())["metrics"]["rc"]
+
+
 def outcome(case: Case, rc: int, run_dir: Path, wall_s: float) -> dict[str, Any]:
     """What the case's run dir says: rc, summary metrics, skipped samples, first step time, checks, sweep report."""
     log = (run_dir / "train.log").read_text(errors="replace")
@@ -175,10 +184,12 @@ def run(cases: list[Case], out: Path, results_path: Path, inputs: Path, commit: 
             got = outcome(case, proc.wait(), run_dir, time.time() - t0)
             problems[case.name] = verdict(case, got)
             metrics = {"rc": got["rc"], **got["metrics"], "wall_s": got["wall_s"]}
-            results.append(results_path, case.name, "python train.py " + " ".join(overrides(case, Path("<inputs>"))),
-                           metrics, commit=commit, ok=not problems[case.name], problems=problems[case.name],
-                           side_by_side=[c.name for c in batch] if len(batch) > 1 else [],
-                           **({"sweep": got["sweep"]} if case.sweep else {}))
+            command = "python train.py " + " ".join(overrides(case, Path("<inputs>")))
+            row = results.append(results_path, case.name, command, metrics, commit=commit,
+                                 ok=not problems[case.name], problems=problems[case.name],
+                                 side_by_side=[c.name for c in batch] if len(batch) > 1 else [],
+                                 **({"sweep": got["sweep"]} if case.sweep else {}))
+            (run_dir / CASE_FILE).write_text(json.dumps(row, indent=1) + "\n")  # the run dir keeps its own row
             print(f"[acceptance] {case.name}: {'ok' if not problems[case.name] else problems[case.name]} "
                   f"{json.dumps(metrics)}", flush=True)
     return problems

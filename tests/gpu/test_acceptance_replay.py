@@ -13,17 +13,14 @@ from pathlib import Path
 import acceptance
 import pytest
 
-from vlmtrain.observe import results
-
 FIXTURES = acceptance.ROOT / "tests" / "fixtures"
 RECORDED = FIXTURES / "gpu_acceptance"
 CASES = {c.name: c for c in acceptance.CASES}
-RC = {r["name"]: r["metrics"]["rc"] for r in results.read_jsonl(acceptance.ROOT / "results/gpu_acceptance.jsonl")}
-"""Each case's exit status as the suite recorded it (a run dir does not hold it)."""
 
 
 def _outcome(case: acceptance.Case, run_dir: Path) -> dict:
-    return acceptance.outcome(case, RC[case.name], run_dir, 0.0)
+    """The outcome at the exit status the suite recorded for this case (its row, kept as the run dir's case.json)."""
+    return acceptance.outcome(case, acceptance.recorded_rc(RECORDED / case.name), run_dir, 0.0)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

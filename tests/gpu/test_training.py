@@ -1,24 +1,23 @@
 """Real training through train.py on GPUs (Bridge's loop, TE, real images): run with `pytest -m gpu`.
 
-Each case of benchmarks/run_cases.py's gpu_training suite trains a few steps; the test asserts what the run
-itself recorded: the loss fell, and checks.json shows the requested setting took effect.
+Each case of the gpu_training suite (vlmtrain.observe.bench.cases; benchmarks/run_cases.py runs it too) trains a
+few steps; the test asserts what the run itself recorded: the loss fell, and checks.json shows the requested
+setting took effect.
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from vlmtrain.config.world import local_gpus
 from vlmtrain.observe import results
+from vlmtrain.observe.bench import cases as run_cases
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import run_cases  # noqa: E402  (benchmarks/ is scripts, not a package)
 
 CASES = run_cases.SUITES["gpu_training"]
 

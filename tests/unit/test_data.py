@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from vlmtrain.data import PHOTOS, PayloadDistribution, build_processor, generate, vision_token_ids
+from vlmtrain.config.groups.data import PayloadConfig
+from vlmtrain.data import PHOTOS, build_processor, generate, vision_token_ids
 from vlmtrain.data.processor import MARKER_FILE
 from vlmtrain.data.realistic import COLLATE_MAX_TOKENS, COLLATE_MIN_TOKENS, TOKEN_PX
 from vlmtrain.data.sample import write_sample_dataset
@@ -36,7 +37,7 @@ def processor(processor_dir: Path):
 
 @pytest.fixture(scope="module")
 def realistic_jsonl(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return generate(PayloadDistribution(), 200, tmp_path_factory.mktemp("data") / "realistic")
+    return generate(PayloadConfig(), 200, tmp_path_factory.mktemp("data") / "realistic")
 
 
 def _rows(jsonl: Path) -> list[dict]:
@@ -116,7 +117,7 @@ def test_sample_dataset_has_real_licensed_photos(tmp_path: Path) -> None:
 
 def test_realistic_is_deterministic_per_seed(tmp_path: Path) -> None:
     def fingerprint(out: Path, seed: int) -> tuple[str, list[str]]:
-        jsonl = generate(PayloadDistribution(seed=seed), 12, out)
+        jsonl = generate(PayloadConfig(seed=seed), 12, out)
         text = jsonl.read_text().replace(str(out), "<root>")
         images = [hashlib.sha256(Path(p).read_bytes()).hexdigest() for r in _rows(jsonl) for p in _image_paths(r)]
         return text, images
@@ -129,15 +130,15 @@ def test_realistic_is_deterministic_per_seed(tmp_path: Path) -> None:
 def test_realistic_is_idempotent(realistic_jsonl: Path) -> None:
     manifest = realistic_jsonl.parent / "manifest.json"
     before = manifest.stat().st_mtime_ns
-    assert generate(PayloadDistribution(), 200, realistic_jsonl.parent) == realistic_jsonl
+    assert generate(PayloadConfig(), 200, realistic_jsonl.parent) == realistic_jsonl
     assert manifest.stat().st_mtime_ns == before
 
 
 def test_realistic_respects_declared_distribution(realistic_jsonl: Path) -> None:
     rows = _rows(realistic_jsonl)
     manifest = json.loads((realistic_jsonl.parent / "manifest.json").read_text())
-    dist = PayloadDistribution(**manifest["distribution"])
-    assert dist == PayloadDistribution()
+    dist = PayloadConfig(**manifest["distribution"])
+    assert dist == PayloadConfig()
     n = len(rows)
     assert n == 200
 
@@ -175,17 +176,17 @@ def test_realistic_respects_declared_distribution(realistic_jsonl: Path) -> None
 
 
 def test_distribution_clamps_and_validates() -> None:
-    wide = PayloadDistribution(image_tokens_min=16, image_tokens_max=4096, images_per_sample=[0, 1])
+    wide = PayloadConfig(image_tokens_min=16, image_tokens_max=4096, images_per_sample=[0, 1])
     assert wide.effective_token_range == (COLLATE_MIN_TOKENS, COLLATE_MAX_TOKENS)
-    assert wide.images_per_sample == (0.0, 1.0)
+    assert wide.images_per_sample == [0.0, 1.0]
     with pytest.raises(ValueError, match="images_per_sample"):
-        PayloadDistribution(images_per_sample=(0.0, 0.0))
+        PayloadConfig(images_per_sample=(0.0, 0.0))
     with pytest.raises(ValueError, match="does not overlap"):
-        PayloadDistribution(image_tokens_min=1000, image_tokens_max=2000)
+        PayloadConfig(image_tokens_min=1000, image_tokens_max=2000)
 
 
 def test_text_only_and_log_uniform_samples(tmp_path: Path) -> None:
-    dist = PayloadDistribution(images_per_sample=(0.5, 0.5), token_sampling="log_uniform", seed=1)
+    dist = PayloadConfig(images_per_sample=(0.5, 0.5), token_sampling="log_uniform", seed=1)
     rows = _rows(generate(dist, 16, tmp_path / "mixed"))
     counts = [len(_image_paths(row)) for row in rows]
     assert 0 in counts and 1 in counts

@@ -1,15 +1,13 @@
 """vlmtrain.check.memory: exact parameter counts against the H200 runs' checks, the sharding/recompute/freeze
-arithmetic, the preflight rule, the plan section, and the validation rows in results/ (real compositions, no Bridge
-import)."""
+arithmetic, the preflight rule, the plan section, and the estimates against the peaks of the GPU runs recorded in
+tests/fixtures (real compositions, no Bridge import)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -18,31 +16,21 @@ from vlmtrain.build import plan
 from vlmtrain.check import memory, preflight
 from vlmtrain.config import world
 from vlmtrain.observe import results
+from vlmtrain.observe.bench import memory_check as mc
 
 ROOT = Path(__file__).resolve().parents[2]
-GPU_CASES = ROOT / "tests" / "fixtures" / "gpu_cases"
-MEASURED = (ROOT / "results" / "gpu_training.jsonl", ROOT / "results" / "gpu_acceptance.jsonl")
-ESTIMATES = ROOT / "results" / "memory_estimates.jsonl"
-REPORT = ROOT / "results" / "memory_estimates.md"
+FIXTURES = ROOT / "tests" / "fixtures"
+GPU_CASES = FIXTURES / "gpu_cases"
 SHAPE_30B = ["model=qwen3_vl_30b_a3b", "model.num_layers=4", "data=realistic", "train.global_batch_size=8"]
-# The one fixture without a gpu_training.jsonl row (its run failed the CUDA-graph check after training); overrides
-# as benchmarks/run_cases.py built them.
+# The one fixture without a case.json (its first attempt failed the CUDA-graph check after training; only its
+# re-run has a row); overrides as benchmarks/run_cases.py built them.
 GRAPH_CASE = ["model=tiny", "train.global_batch_size=8", "parallelism=3d", "cuda_graph=moe_router_preprocess",
               "gpus_per_node=1"]
 
 
-def _memory_check() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("memory_check", ROOT / "benchmarks" / "memory_check.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _case_overrides() -> dict[str, list[str]]:
-    mc = _memory_check()
-    out = {r["name"]: mc.overrides(r["command"]) for path in MEASURED for r in results.read_jsonl(path)}
-    return {d.name: out.get(d.name, GRAPH_CASE) for d in sorted(GPU_CASES.iterdir())}
+    return {d.name: mc.overrides(json.loads((d / "case.json").read_text())["command"])
+            if (d / "case.json").exists() else GRAPH_CASE for d in sorted(GPU_CASES.iterdir())}
 
 
 # --- parameters ------------------------------------------------------------------------------------------------
@@ -224,26 +212,74 @@ def test_plan_shows_the_memory_section(compose):
 # --- validation against the measured peaks ---------------------------------------------------------------------
 
 
-def test_every_measured_run_has_an_estimate_row():
-    mc = _memory_check()
-    rows = results.read_jsonl(ESTIMATES)
-    measured = [m for path in MEASURED for m in results.latest(results.read_jsonl(path)) if mc.rebuildable(m)]
-    assert [r["name"] for r in rows] == [m["name"] for m in measured] and len(rows) == 21
-    for r, m in zip(rows, measured, strict=True):
-        assert r["command"]["gpu"] == m["command"] and r["command"]["benchmark"].startswith("python benchmarks/")
-        assert r["machine"] == m["machine"] and r["date"]
-        assert r["metrics"]["measured_gib"] == pytest.approx(m["metrics"]["peak_mem_gib"], abs=1e-3)
-        assert set(r["breakdown"]) >= {"params", "grads", "optimizer", "logits", "overhead", "allocated", "total"}
+KNOWN_MISSES = {"tiny_realistic": 25.0}
+"""Recorded runs the estimate misses by more than TARGET_PCT, each erring high and below its bound here:
+tiny_realistic (+19.7 %) is estimated at the longest of the 256 realistic rows, of which the run read 64-80."""
 
 
-def test_estimates_are_within_15_percent_or_marked():
-    """Every row is within 15 % of its measured peak, or is flagged and named under the report's Misses."""
-    misses_section = REPORT.read_text().split("## Misses", 1)[1].split("\n## ", 1)[0]
-    for r in results.read_jsonl(ESTIMATES):
-        within = abs(r["metrics"]["error_pct"]) <= 15.0
-        assert r["within_target"] is within, r["name"]
-        assert (r["name"] in misses_section) is not within, r["name"]
+def _recorded_runs() -> dict[str, dict[str, Any]]:
+    """The rebuildable recorded GPU runs of tests/fixtures as results rows, by fixture name: gpu_acceptance and
+    gpu_cases keep their row as case.json; precision_h200's case.json holds command and rc, its peak comes from the
+    run's metrics.jsonl (as benchmarks/precision_h200.py summarizes it)."""
+    runs = {d.parent.name: json.loads(d.read_text())
+            for group in ("gpu_acceptance", "gpu_cases") for d in sorted((FIXTURES / group).glob("*/case.json"))}
+    for d in sorted((FIXTURES / "precision_h200").glob("*/case.json")):
+        meta = json.loads(d.read_text())
+        runs[f"precision_h200/{d.parent.name}"] = {
+            "name": f"precision_h200/{d.parent.name}", "command": meta["command"], "machine": meta["machine"],
+            "metrics": {"rc": meta["rc"], **results.summarize(d.parent)}}
+    return {name: r for name, r in runs.items() if mc.rebuildable(r)}
 
 
-def test_report_table_comes_from_the_jsonl():
-    assert _memory_check().markdown_table(results.read_jsonl(ESTIMATES)) in REPORT.read_text()
+RECORDED = _recorded_runs()
+
+
+@pytest.fixture(scope="module")
+def estimates(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    """memory_check's row of every recorded run; one pass (~1 min) over each dataset, materialized in a temp dir."""
+    tmp = tmp_path_factory.mktemp("memory_check")
+    lengths: dict[str, list[tuple[int, int]]] = {}
+    return {name: mc.row(r, lengths, tmp / "cache", output_dir=str(tmp / "run")) for name, r in RECORDED.items()}
+
+
+def test_the_recorded_runs_cover_every_fixture_set():
+    assert {n.split("/")[0] for n in RECORDED} >= {"precision_h200"}
+    assert {"tiny_realistic", "tiny_sample", "235b-l1_realistic", "qwen35-l4_first-run",
+            "tiny_fsdp_ep1_trainable_recompute-none_graph-none_1gpu"} <= RECORDED.keys()
+    assert KNOWN_MISSES.keys() <= RECORDED.keys()
+    assert not any(mc.rebuildable(json.loads((FIXTURES / "gpu_acceptance" / n / "case.json").read_text()))
+                   for n in ("tiny_mock", "tiny_jsonl", "tiny_sweep_mbs", "qwen35-l4_packing_refused"))
+
+
+@pytest.mark.parametrize("name", sorted(RECORDED))
+def test_estimate_is_within_15_percent_of_the_recorded_peak(estimates, name):
+    """At the workload the run had, the allocator peak estimate is within 15 % of the measured peak_mem_gib; the
+    named known misses err high and stay below their bound."""
+    r, measured = estimates[name], RECORDED[name]["metrics"]["peak_mem_gib"]
+    m = r["metrics"]
+    assert m["measured_gib"] == pytest.approx(measured, abs=1e-3)
+    assert m["error_pct"] == pytest.approx(100 * (m["estimated_gib"] - measured) / measured, abs=0.06)
+    assert r["within_target"] is (abs(m["error_pct"]) <= mc.TARGET_PCT)
+    assert m["worst_case_gib"] >= m["estimated_gib"] - 1e-3  # the default workload bounds the run's own
+    assert set(r["breakdown"]) >= {"params", "grads", "optimizer", "logits", "overhead", "allocated", "total"}
+    if name in KNOWN_MISSES:
+        assert mc.TARGET_PCT < m["error_pct"] < KNOWN_MISSES[name], (name, m)
+    else:
+        assert abs(m["error_pct"]) <= mc.TARGET_PCT, (name, m)
+
+
+def _table_row(name: str, measured: float, estimated: float, worst: float, seq: int, images: int,
+               padded: bool) -> dict[str, Any]:
+    err = mc.error_pct(estimated, measured)
+    return {"name": name, "within_target": abs(err) <= mc.TARGET_PCT,
+            "metrics": {"measured_gib": measured, "estimated_gib": estimated, "error_pct": err, "worst_case_gib": worst,
+                        "worst_case_error_pct": mc.error_pct(worst, measured)},
+            "workload": {"seq_len": seq, "image_tokens_per_sample": images, "padded": padded}}
+
+
+def test_markdown_table_renders_the_rows():
+    rows = [_table_row("a", 10.0, 10.5, 12.0, 640, 980, False), _table_row("b", 4.0, 5.0, 3.9, 4096, 2940, True)]
+    lines = mc.markdown_table(rows).splitlines()
+    assert lines[0].startswith("| case | measured GiB | estimated GiB | error % |") and lines[1].startswith("|---|")
+    assert lines[2:] == ["| a | 10.00 | 10.50 | +5.0 | 12.00 (+20.0) | 640, 980 |",
+                         "| b | 4.00 | 5.00 | +25.0 **(> 15 %)** | 3.90 (-2.5) | 4096 padded, 2940 |"]

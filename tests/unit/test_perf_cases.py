@@ -1,12 +1,11 @@
 """Issue 9 benchmarks on CPU: every perf_h200x2 case expands and passes preflight as train.py would compose it, rows
-are assembled from real GPU run files, and overhead.py reads Bridge's own step times from real Bridge logs."""
+are assembled from real GPU run files, and overhead reads Bridge's own step times from real Bridge logs."""
 
 from __future__ import annotations
 
 import json
 import re
 import statistics
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,19 +13,19 @@ import pytest
 from vlmtrain.check import preflight
 from vlmtrain.config import world
 from vlmtrain.config.compose import compose
+from vlmtrain.observe.bench import cases as run_cases
+from vlmtrain.observe.bench import overhead
+from vlmtrain.observe.bench import perf_h200x2 as perf
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import overhead  # noqa: E402
-import perf_h200x2 as perf  # noqa: E402
-import run_cases  # noqa: E402
 
 GPU_CASES = ROOT / "tests" / "fixtures" / "gpu_cases"
 FIXTURES = sorted(d for d in GPU_CASES.iterdir() if (d / "train.log").exists())
 FSDP_EP2 = GPU_CASES / "30b-shape-l4_fsdp_ep2_trainable_recompute-none_graph-none_2gpu"
 THREE_D_EP2 = GPU_CASES / "30b-shape-l4_3d_ep2_trainable_recompute-none_graph-none_2gpu"
 ALL = perf.expand(["all"])
+MEASURED = ROOT / "tests" / "fixtures" / "perf_h200x2" / "results.jsonl"
+"""results/perf_h200x2.jsonl as of the last sweep, copied (tests/fixtures/README.md): the rows the claims rest on."""
 BENCHMARK = ["model=qwen3_vl_30b_a3b", "model.num_layers=8", "train.seq_length=4096", "hardware=h200"]
 
 
@@ -103,7 +102,7 @@ def test_best_case_ships_as_the_preset(bridge: object, tmp_path: Path) -> None:
     finally:
         bridge_patches.uninstall()
     assert preset.hardware.env == {k: v for k, v in ran.hardware.env.items() if k != "NVTE_USE_CUTLASS_GROUPED_GEMM"}
-    rows = perf.latest_rows(perf.RESULTS)
+    rows = perf.latest_rows(MEASURED)
     full = {n: r["metrics"]["useful_tokens_per_s_per_gpu"] for n, r in rows.items()
             if n.startswith("30b-l8_") and "_trainable_" in n and "_realistic" in n
             and "useful_tokens_per_s_per_gpu" in r["metrics"]}
@@ -223,6 +222,9 @@ def test_profiled_pair_leaves_the_profiler_iterations_out() -> None:
     assert len(pair["vlmtrain_log_ms"]) == len(pair["vlmtrain_metrics_ms"]) == len(pair["step_ratios"]) == 3
     assert max(pair["direct_log_ms"]) < 1000 and pair["step_ratios"] == [1.0] * 3
     assert max(overhead.pair_record(run, run, 1.0, 1.0)["direct_log_ms"]) > 10_000  # kept in, it would dominate
+    # each side's traced step comes from the summarizer the entry point passes (report.profile's), trimmed
+    traced = overhead.pair_record(run, run, 1.0, 1.0, profile_summary=lambda d: {"window_ms": 1.0, "other": 2})
+    assert traced["profile"] == {"vlmtrain": {"window_ms": 1.0}, "direct": {"window_ms": 1.0}}
 
 
 def test_pool_joins_one_sessions_rows(tmp_path: Path) -> None:
@@ -311,23 +313,23 @@ def test_overhead_picks_perf_cases_and_launches_like_vlmtrain() -> None:
 
 def test_report_states_every_claim_from_the_results_file(tmp_path: Path) -> None:
     """Each claim is a ratio of two measured rows, or says which row is missing; failed runs are listed."""
-    md = perf.report(perf.RESULTS)
+    md = perf.report(MEASURED)
     for what, _, _ in perf.CLAIMS:
         line = next(x for x in md.splitlines() if x.startswith(f"| {what}"))
-        assert "not measured" not in line, line  # every claim was measured on 2 x H200 (results/perf_h200x2.jsonl)
+        assert "not measured" not in line, line  # every claim was measured on 2 x H200
     # a claim whose row kept medians of per-step rates (its run files are lost) says so
     assert "| frozen vision gain, 3D EP2 MBS 4 packed (one side's rates are medians of per-step rates) |" in md
     assert "- failed: 30b-l8_3d-ep2_mbs4_trainable_rc-full" in md and "overhead_ratio" in md
     # a profiled overhead pair states both sides' traced step; a row's note travels with its line
     traced = next(x for x in md.splitlines() if x.startswith("- overhead_ratio") and "+train.profile_step=" in x)
     assert "traced step, vlmtrain / direct: window" in traced
-    noted = [r for n, r in perf.latest_rows(perf.RESULTS).items() if n.startswith("overhead_") and r.get("note")]
+    noted = [r for n, r in perf.latest_rows(MEASURED).items() if n.startswith("overhead_") and r.get("note")]
     assert noted and all(f"({r['note']})" in md for r in noted)
     # frozen-vision rows stand in their own table, never ranked among full-training rows
     full, frozen = md.split("## Frozen vision")[0], md.split("## Frozen vision")[1].split("## The seed")[0]
     assert "_frozen_" not in full and "_trainable_" not in frozen
-    assert frozen.count("_frozen_") == sum("_frozen_" in n for n in perf.latest_rows(perf.RESULTS)) > 0
-    rows = [r for r in perf.latest_rows(perf.RESULTS).values() if r["name"] != perf.B.name()]
+    assert frozen.count("_frozen_") == sum("_frozen_" in n for n in perf.latest_rows(MEASURED)) > 0
+    rows = [r for r in perf.latest_rows(MEASURED).values() if r["name"] != perf.B.name()]
     path = tmp_path / "perf.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     line = next(x for x in perf.report(path).splitlines() if x.startswith("| 3D vs FSDP, EP2 MBS 1 |"))

@@ -134,3 +134,52 @@ def test_deepstack_needs_as_many_decoder_layers_without_pipeline(compose):
     assert "model.num_layers>=3" in message and "model.vit.deepstack_indexes=[8]" in message
     fixed = ["model=qwen3_vl_235b_a22b", "model.num_layers=1", "model.vit.deepstack_indexes=[8]", "gpus_per_node=1"]
     assert "deepstack_on_first_stage" not in rules_of(compose, fixed)
+
+
+def test_bridge_override_of_a_degree_is_checked_like_the_group_knob(compose):
+    """`+bridge.model.pipeline_model_parallel_size=2` is what Bridge gets, so the resolved layout (and every rule
+    reading it) sees PP 2: FSDP refuses it exactly as it refuses parallelism.pp=2."""
+    via_bridge = rules_of(compose, ["parallelism=fsdp", "+bridge.model.pipeline_model_parallel_size=2"])
+    via_group = rules_of(compose, ["parallelism=fsdp", "parallelism.pp=2"])
+    assert via_bridge["fsdp_needs_pp1"] == via_group["fsdp_needs_pp1"]
+    assert via_bridge["fsdp_needs_pp1"].severity == preflight.Severity.error
+
+
+def test_resolved_round_trips_through_run_json(compose, tmp_path):
+    from vlmtrain.config import resolve
+
+    res = resolve.resolve(compose("parallelism=3d", "parallelism.pp=2", "cuda_graph=moe_router_preprocess"))
+    resolve.save(res, tmp_path)
+    assert resolve.load(tmp_path) == res
+    assert resolve.load(tmp_path / "missing") is None
+
+
+RESOLVED_LAYOUTS = [
+    ["parallelism=fsdp"],
+    ["parallelism=3d", "parallelism.tp=2", "parallelism.pp=2", "parallelism.ep=2"],
+    ["parallelism=3d", "+bridge.model.pipeline_model_parallel_size=2", "+bridge.model.tensor_model_parallel_size=2",
+     "train.global_batch_size=16"],
+    ["parallelism=fsdp", "+bridge.model.expert_model_parallel_size=2", "cuda_graph=moe_router_preprocess"],
+]
+
+
+@pytest.mark.parametrize("overrides", RESOLVED_LAYOUTS, ids=[" ".join(o) for o in RESOLVED_LAYOUTS])
+def test_resolved_matches_the_finalized_container(compose, bridge, overrides, tmp_path):
+    """What resolve derives is what Bridge ends up with after finalization on the declared target."""
+    from vlmtrain.build import container, target
+    from vlmtrain.config.resolve import resolve
+
+    run = compose(*overrides, output_dir=str(tmp_path))
+    res = resolve(run)
+    assert not preflight.errors(preflight.check(run, res))
+    cfg = container.build(run)
+    target.finalize(run, cfg)
+    lay, m = res.layout, cfg.model
+    assert (lay.tp, lay.pp, lay.vpp, lay.cp, lay.ep, lay.etp) == (
+        m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.virtual_pipeline_model_parallel_size,
+        m.context_parallel_size, m.expert_model_parallel_size, m.expert_tensor_parallel_size)
+    assert lay.dp == cfg.data_parallel_size
+    assert lay.world_size == cfg.data_parallel_size * lay.tp * lay.pp * lay.cp
+    assert res.grad_accum == cfg.train.global_batch_size // (cfg.train.micro_batch_size * cfg.data_parallel_size)
+    assert res.pad_to_max_length == cfg.dataset.pad_to_max_length
+    assert res.env_vars == {k: str(v) for k, v in cfg.env_vars.items()}

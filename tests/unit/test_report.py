@@ -25,7 +25,6 @@ from vlmtrain.report import labels, plots
 
 ROOT = Path(__file__).resolve().parents[2]
 CASES = ROOT / "tests" / "fixtures" / "gpu_cases"
-RESULTS = ROOT / "results" / "gpu_training.jsonl"
 CRASH = "tiny_3d_ep1_trainable_recompute-none_graph-moe_router_preprocess_1gpu"
 CRASH_LINE = ("vlmtrain.checks.SettingNotApplied: cuda_graph=moe_router_preprocess requested but no layer holds a "
               "captured CUDA graph.")  # a real run's log, before checks.py became train/after_build.py
@@ -45,9 +44,10 @@ def command_overrides(command: str) -> list[str]:
 
 
 def results_rows() -> dict[str, dict]:
-    """Rows whose fixture run dir is the run they summarize: the graph case's fixture is its first (crashed)
-    attempt, while results/gpu_training.jsonl holds its later successful re-run."""
-    return {r["name"]: r for r in results.latest(results.read_jsonl(RESULTS)) if r["name"] != CRASH}
+    """Each fixture run's own results row (its case.json); the graph case's fixture is its first (crashed) attempt,
+    which has no row (results/gpu_training.jsonl holds its later successful re-run)."""
+    return {d.name: json.loads((d / "case.json").read_text()) for d in sorted(CASES.iterdir())
+            if (d / "case.json").exists()}
 
 
 def case_overrides() -> dict[str, list[str]]:

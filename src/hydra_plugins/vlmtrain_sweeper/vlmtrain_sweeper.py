@@ -113,11 +113,12 @@ class VlmtrainSweeper(BasicSweeper):
         return [list(job) for batch in self.split_arguments(overrides, None) for job in batch]
 
     def check(self, overrides: list[str]) -> SweepJob:
-        """Compose one job as its launcher will, convert it to the RunConfig, place it on the world it will run on
-        and run preflight on it."""
+        """Compose one job as its launcher will, convert it to the RunConfig, place it on the world it will run on,
+        resolve it (config.resolve) and run preflight on it."""
         from vlmtrain.check import preflight
         from vlmtrain.config import world
         from vlmtrain.config.compose import to_run
+        from vlmtrain.config.resolve import resolve
 
         assert self.hydra_context is not None and self.config is not None
         cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
@@ -127,7 +128,7 @@ class VlmtrainSweeper(BasicSweeper):
             run = to_run(cfg)
             place = self.placement(run, job.launcher)
             job.world, run.gpus_per_node = str(place), place.gpus_per_node
-            findings = preflight.check(run)
+            findings = preflight.check(run, resolve(run))  # the layout of the world it will run on
         except world.NoGpuError as e:
             job.world = "no GPU (local)"
             findings = [preflight.Finding("world", preflight.Severity.error, str(e))]

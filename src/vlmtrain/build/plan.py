@@ -13,8 +13,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vlmtrain.check import preflight
-from vlmtrain.config import redact, world
-from vlmtrain.config.groups import GROUPS, group_name, hardware, kernels, precision
+from vlmtrain.config import redact
+from vlmtrain.config.groups import GROUPS, group_name, kernels, precision
+from vlmtrain.config.resolve import Resolved, resolve
+from vlmtrain.config.resolve import save as save_run_json
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
@@ -39,8 +41,8 @@ def field_value(cfg: Any, path: str) -> Any:
     return obj
 
 
-def layout_line(run: RunConfig) -> str:
-    lay = world.layout(run)
+def layout_line(run: RunConfig, resolved: Resolved | None = None) -> str:
+    lay = (resolved or resolve(run)).layout
     return (f"{lay.nodes} node(s) x {lay.gpus_per_node} GPUs = {lay.world_size} | TP {lay.tp}  PP {lay.pp}  "
             f"VPP {lay.vpp or '-'}  CP {lay.cp} | EP {lay.ep}  ETP {lay.etp} | DP {lay.dp}  expert-DP {lay.expert_dp}")
 
@@ -53,17 +55,17 @@ def memory_section(run: RunConfig) -> list[str]:
 
 
 def render(run: RunConfig, cfg: ConfigContainer | None, findings: list[preflight.Finding],
-           validation: str) -> str:
-    lay, t = world.layout(run), run.train
-    accum = t.global_batch_size // max(t.micro_batch_size * lay.dp, 1)
+           validation: str, resolved: Resolved | None = None) -> str:
+    res = resolved or resolve(run)
+    lay, t = res.layout, run.train
     lines = [
         f"vlmtrain plan: {run.name}   (declared target: hardware={run.hardware.name}, {lay.world_size} GPUs)",
         "groups:   " + "  ".join(f"{k}={v}" for k, v in run.choices.items()),
-        f"world:    {layout_line(run)}",
+        f"world:    {layout_line(run, res)}",
         f"train:    MBS {t.micro_batch_size}  GBS {t.global_batch_size}  seq {t.seq_length}  "
-        f"grad-accum {accum}  iters {t.iterations}  lr {t.lr}",
+        f"grad-accum {res.grad_accum}  iters {t.iterations}  lr {t.lr}",
         f"data:     {run.data.kind}" + ("  (MOCK: not a performance run)" if run.data.kind == "mock" else ""),
-        "env:      " + " ".join(f"{k}={v}" for k, v in sorted(hardware.runtime_env(run).items())),
+        "env:      " + " ".join(f"{k}={v}" for k, v in sorted(res.env_vars.items())),
     ]
     vit = run.precision.vision if precision.quantized(run) else "bf16"
     lines.append(f"precision: {precision.label(run)} (Bridge {precision.recipe_name(run)}; ViT {vit}, "
@@ -101,32 +103,35 @@ def quiet_library_logs() -> None:
     warnings.filterwarnings("ignore", category=SyntaxWarning)
 
 
-def dry_run(run: RunConfig) -> int:
-    """Print the plan; write the resolved Bridge config; return the exit status."""
+def dry_run(run: RunConfig, resolved: Resolved | None = None) -> int:
+    """Print the plan; write the resolved Bridge config and run.json; return the exit status."""
     from vlmtrain.build import container, target
 
     quiet_library_logs()
-    findings = preflight.check(run)
+    res = resolved or resolve(run)
+    findings = preflight.check(run, res)
     if preflight.errors(findings):
-        print(render(run, None, findings, "not attempted (preflight errors)"))
+        print(render(run, None, findings, "not attempted (preflight errors)", res))
         return 2
     from vlmtrain.data.scan import BadSample
 
     try:
         cfg = container.build(run)
     except BadSample as e:  # the data scan (vlmtrain.data.prepare) refused a sample
-        print(render(run, None, findings, f"not attempted (bad data)\n{e}"))
+        print(render(run, None, findings, f"not attempted (bad data)\n{e}", res))
         return 2
     try:
         target.finalize(run, cfg)
     except Exception as e:  # Bridge raises ValueError/AssertionError/RuntimeError from many places
         groups_hint = " ".join(f"{k}={v}" for k, v in run.choices.items())
-        print(render(run, cfg, findings, f"FAILED for {groups_hint}: {type(e).__name__}: {e}"))
+        print(render(run, cfg, findings, f"FAILED for {groups_hint}: {type(e).__name__}: {e}", res))
         return 3
     out = Path(run.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     redact.write_bridge_yaml(cfg, out / "bridge_config.yaml")
-    print(render(run, cfg, findings, f"OK (runtime_config_update); resolved config: {out / 'bridge_config.yaml'}"))
+    save_run_json(res, out)
+    print(render(run, cfg, findings, f"OK (runtime_config_update); resolved config: {out / 'bridge_config.yaml'}",
+                 res))
     print("To train: run the same command on a GPU node (or with dry_run=false); add hydra/launcher=slurm for Slurm.")
     sys.stdout.flush()
     return 0

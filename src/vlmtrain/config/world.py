@@ -1,13 +1,16 @@
 """The world a run asks for: GPUs (and this node's), nodes, every parallel degree and the pipeline stage split,
-derived in one place."""
+derived in one place. A `+bridge.model.<Bridge field>` override of a degree or of an outer stage's layer count
+wins over the parallelism group's value, as it does in the built ConfigContainer (build.container applies the
+`+bridge.*` passthrough after the groups)."""
 
 from __future__ import annotations
 
 import math
 import shutil
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from vlmtrain.config.schema import RunConfig
@@ -96,32 +99,67 @@ def auto_ep(world_size: int, pp: int, etp: int, num_experts: int) -> int:
     return math.gcd(max(world_size // (pp * etp), 1), num_experts)
 
 
+BRIDGE_FIELDS = {
+    "tp": "tensor_model_parallel_size",
+    "pp": "pipeline_model_parallel_size",
+    "vpp": "virtual_pipeline_model_parallel_size",
+    "cp": "context_parallel_size",
+    "ep": "expert_model_parallel_size",
+    "etp": "expert_tensor_parallel_size",
+    "first_stage_layers": "num_layers_in_first_pipeline_stage",
+    "last_stage_layers": "num_layers_in_last_pipeline_stage",
+}
+"""parallelism field -> the `model.*` Bridge field the parallelism group writes (its OWNS)."""
+
+
+def bridge_model(run: RunConfig) -> Mapping[str, Any]:
+    """The run's `+bridge.model.*` passthrough ({} when none)."""
+    model = run.bridge.get("model") if isinstance(run.bridge, Mapping) else None
+    return model if isinstance(model, Mapping) else {}
+
+
+def parallel_value(run: RunConfig, name: str) -> Any:
+    """parallelism.<name>, unless `+bridge.model.<its Bridge field>` overrides it (that is what Bridge gets)."""
+    over = bridge_model(run)
+    return over[BRIDGE_FIELDS[name]] if BRIDGE_FIELDS[name] in over else getattr(run.parallelism, name)
+
+
+def _int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
 def layout(run: RunConfig) -> Layout:
-    p = run.parallelism
     nodes, gpn = run.nodes, gpus_per_node(run)
-    etp = p.etp if p.etp is not None else 1
-    ep = p.ep if p.ep is not None else auto_ep(nodes * gpn, p.pp, etp, run.model.num_experts)
-    return Layout(nodes=nodes, gpus_per_node=gpn, tp=p.tp, pp=p.pp, vpp=p.vpp, cp=p.cp, ep=ep, etp=etp)
+    tp, pp, cp = (int(parallel_value(run, k)) for k in ("tp", "pp", "cp"))
+    vpp, ep, etp = (_int(parallel_value(run, k)) for k in ("vpp", "ep", "etp"))
+    etp = etp if etp is not None else 1
+    ep = ep if ep is not None else auto_ep(nodes * gpn, pp, etp, run.model.num_experts)
+    return Layout(nodes=nodes, gpus_per_node=gpn, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp)
+
+
+def outer_stage_layers(run: RunConfig) -> tuple[int | None, int | None]:
+    """(decoder layers of the first, of the last pipeline stage) where set explicitly; None = even split."""
+    return _int(parallel_value(run, "first_stage_layers")), _int(parallel_value(run, "last_stage_layers"))
 
 
 def shared_stages(run: RunConfig, lay: Layout) -> tuple[int, int]:
     """(pipeline stages not sized explicitly by first/last_stage_layers, decoder layers they share)."""
-    p = run.parallelism
-    middle = lay.pp - (p.first_stage_layers is not None) - (p.last_stage_layers is not None)
-    return middle, run.model.num_layers - (p.first_stage_layers or 0) - (p.last_stage_layers or 0)
+    first, last = outer_stage_layers(run)
+    middle = lay.pp - (first is not None) - (last is not None)
+    return middle, run.model.num_layers - (first or 0) - (last or 0)
 
 
 def stage_layers(run: RunConfig, lay: Layout) -> list[range]:
     """Decoder layer indices per pipeline stage, as Megatron splits them: first/last_stage_layers size the outer
     stages, the other stages share the rest evenly (preflight's pipeline_split refuses a remainder)."""
-    n, p = run.model.num_layers, run.parallelism
+    n, (first, last) = run.model.num_layers, outer_stage_layers(run)
     if lay.pp == 1:
         return [range(n)]
     middle, rest = shared_stages(run, lay)
     sizes = [rest // middle if middle else 0] * lay.pp
-    if p.first_stage_layers is not None:
-        sizes[0] = p.first_stage_layers
-    if p.last_stage_layers is not None:
-        sizes[-1] = p.last_stage_layers
+    if first is not None:
+        sizes[0] = first
+    if last is not None:
+        sizes[-1] = last
     starts = [sum(sizes[:i]) for i in range(lay.pp)]
     return [range(s, s + k) for s, k in zip(starts, sizes, strict=True)]

@@ -2,12 +2,11 @@
 
 from vlmtrain.data.photos import PHOTOS, Photo, load_photo
 from vlmtrain.data.processor import build_processor, vision_token_ids
-from vlmtrain.data.realistic import PayloadDistribution, generate
+from vlmtrain.data.realistic import generate
 from vlmtrain.data.sample import write_sample_dataset
 
 __all__ = [
     "PHOTOS",
-    "PayloadDistribution",
     "Photo",
     "build_processor",
     "generate",

@@ -43,7 +43,6 @@ class Sample:
 def samples(dataset: str, cache: Path, num_samples: int | None = None) -> list[Sample]:
     """The rows of `data=<dataset>` with their image bytes (sample: the first num_samples photos)."""
     from vlmtrain.config.groups.data import PayloadConfig
-    from vlmtrain.data.prepare import payload_distribution
 
     if dataset == "sample":
         from vlmtrain.data.sample import write_sample_dataset
@@ -53,7 +52,7 @@ def samples(dataset: str, cache: Path, num_samples: int | None = None) -> list[S
         from vlmtrain.data.realistic import generate
 
         payload = PayloadConfig(**({"num_samples": num_samples} if num_samples else {}))
-        source = generate(payload_distribution(payload), payload.num_samples, cache / "realistic")
+        source = generate(payload, payload.num_samples, cache / "realistic")
     else:
         raise ValueError(f"dataset={dataset!r}: choose one of {', '.join(DATASETS)}")
     out = []

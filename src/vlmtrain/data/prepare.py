@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vlmtrain.config.groups.data import Kind, PayloadConfig, cache_dir
-from vlmtrain.data.realistic import PayloadDistribution
+from vlmtrain.config.groups.data import Kind, cache_dir
 
 if TYPE_CHECKING:
     from vlmtrain.config.schema import RunConfig
@@ -65,20 +64,6 @@ SCAN_FILE = "data_scan.json"
 """In the run directory: the scan summary and `skipped_samples`, which the metrics callback reads once."""
 
 
-def payload_distribution(p: PayloadConfig) -> PayloadDistribution:
-    """The generator's distribution for data.payload (also what `vlmtrain data export --dataset realistic` uses)."""
-    return PayloadDistribution(
-        image_tokens_min=p.image_tokens_min,
-        image_tokens_max=p.image_tokens_max,
-        images_per_sample=list(p.images_per_sample),
-        prompt_words_min=p.prompt_words_min,
-        prompt_words_max=p.prompt_words_max,
-        answer_words_min=p.answer_words_min,
-        answer_words_max=p.answer_words_max,
-        seed=p.seed,
-    )
-
-
 def scan(run: RunConfig) -> Report | None:
     """The (cached) scan of every sample this run reads, on CPU (hub datasets downloaded through `datasets`):
     `vlmtrain data check` prints it."""
@@ -101,7 +86,7 @@ def _scan(run: RunConfig, remote: bool) -> Report | None:
     if d.kind == Kind.sample:
         return jsonl.scan(sample.write_sample_dataset(cache / "sample"), None, cache, seq, kind="sample")
     if d.kind == Kind.realistic:
-        generated = realistic.generate(payload_distribution(d.payload), d.payload.num_samples, cache / "realistic")
+        generated = realistic.generate(d.payload, d.payload.num_samples, cache / "realistic")
         return jsonl.scan(generated, None, cache, seq, kind="realistic")
     if d.kind == Kind.jsonl:
         return jsonl.scan(Path(d.path), d.image_dir, cache, seq)

@@ -11,13 +11,14 @@ import json
 import math
 import re
 from collections import Counter
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 from PIL import Image
 
+from vlmtrain.config.groups.data import PayloadConfig
+from vlmtrain.config.tokens import COLLATE_MAX_TOKENS, COLLATE_MIN_TOKENS, TOKEN_PX
 from vlmtrain.data.photos import PHOTOS, Photo, load_photo
 from vlmtrain.data.sample import (
     IMAGES_DIR,
@@ -32,70 +33,12 @@ from vlmtrain.data.sample import (
 
 #: Bump when sampling or encoding changes; it is part of the idempotency key.
 GENERATOR_VERSION = 1
-#: Pixels per side of one LLM token in Qwen3-VL (patch 16 x spatial merge 2).
-TOKEN_PX = 32
-#: Bridge's `qwen2_5_collate_fn` passes min_pixels=200704 and max_pixels=1003520 to the processor, i.e.
-#: 196..980 tokens of 32x32 px; images outside are resized there, so targets are clamped to this range.
-COLLATE_MIN_TOKENS = 200704 // (TOKEN_PX * TOKEN_PX)
-COLLATE_MAX_TOKENS = 1003520 // (TOKEN_PX * TOKEN_PX)
 
 
-@dataclass(frozen=True)
-class PayloadDistribution:
-    """Declared per-sample payload mix; every field is part of the dataset's identity."""
-
-    image_tokens_min: int = 196
-    """Fewest LLM tokens per image (one token = 32x32 px); clamped to >= 196, the collate's minimum."""
-    image_tokens_max: int = 980
-    """Most LLM tokens per image; clamped to <= 980, the collate's maximum."""
-    images_per_sample: tuple[float, ...] = (0.0, 0.7, 0.2, 0.1)
-    """Weight of each image count: entry k is the relative probability of k images in a sample."""
-    token_sampling: Literal["uniform", "log_uniform"] = "uniform"
-    """How the per-image token target is drawn between min and max."""
-    aspect_ratio_max: float = 2.0
-    """Largest long/short side ratio of a crop; crop aspect ratios are log-uniform in [1/r, r]."""
-    prompt_words_min: int = 8
-    """Fewest words in the user prompt."""
-    prompt_words_max: int = 64
-    """Most words in the user prompt."""
-    answer_words_min: int = 16
-    """Fewest words in the assistant answer (the loss-carrying tokens)."""
-    answer_words_max: int = 256
-    """Most words in the assistant answer."""
-    seed: int = 0
-    """Seed of the only random generator used; same seed and fields give byte-identical images and rows."""
-
-    def __post_init__(self) -> None:
-        """Normalise list inputs (YAML gives lists) and reject ranges that cannot be sampled."""
-        object.__setattr__(self, "images_per_sample", tuple(float(w) for w in self.images_per_sample))
-        weights = self.images_per_sample
-        if not weights or any(w < 0 for w in weights) or sum(weights) <= 0:
-            raise ValueError(f"images_per_sample needs non-negative weights with a positive sum, got {weights}")
-        if self.token_sampling not in ("uniform", "log_uniform"):
-            raise ValueError(f"token_sampling must be 'uniform' or 'log_uniform', got {self.token_sampling!r}")
-        lo, hi = self.effective_token_range
-        if lo > hi:
-            raise ValueError(
-                f"image_tokens_min..max ({self.image_tokens_min}..{self.image_tokens_max}) does not overlap "
-                f"the collate's {COLLATE_MIN_TOKENS}..{COLLATE_MAX_TOKENS}; pick a range inside it."
-            )
-        if self.aspect_ratio_max < 1:
-            raise ValueError(f"aspect_ratio_max must be >= 1, got {self.aspect_ratio_max}")
-        for name in ("prompt_words", "answer_words"):
-            low, high = getattr(self, f"{name}_min"), getattr(self, f"{name}_max")
-            if not 1 <= low <= high:
-                raise ValueError(f"need 1 <= {name}_min <= {name}_max, got {low}..{high}")
-
-    @property
-    def effective_token_range(self) -> tuple[int, int]:
-        """Declared token range clamped to what the Qwen collate keeps unchanged."""
-        return max(self.image_tokens_min, COLLATE_MIN_TOKENS), min(self.image_tokens_max, COLLATE_MAX_TOKENS)
-
-
-def dataset_key(dist: PayloadDistribution, n_samples: int) -> str:
+def dataset_key(dist: PayloadConfig, n_samples: int) -> str:
     """Hash of everything that determines the output (distribution, size, photo pool, generator version)."""
     identity = {
-        "distribution": asdict(dist),
+        "distribution": dist.identity(),
         "n_samples": n_samples,
         "photos": [photo.name for photo in PHOTOS],
         "version": GENERATOR_VERSION,
@@ -114,7 +57,7 @@ def _token_grid(target: int, aspect: float, lo: int, hi: int) -> tuple[int, int]
     return rows, cols
 
 
-def _render_image(source: Image.Image, rng: np.random.Generator, dist: PayloadDistribution) -> Image.Image:
+def _render_image(source: Image.Image, rng: np.random.Generator, dist: PayloadConfig) -> Image.Image:
     """Random crop of `source` at a random aspect ratio, resized to a whole number of 32x32 token tiles."""
     lo, hi = dist.effective_token_range
     if dist.token_sampling == "log_uniform":
@@ -157,7 +100,7 @@ def _summary(values: list[int] | list[float]) -> dict[str, float]:
     }
 
 
-def _realized(samples: list[dict[str, Any]], dist: PayloadDistribution) -> dict[str, Any]:
+def _realized(samples: list[dict[str, Any]], dist: PayloadConfig) -> dict[str, Any]:
     """Statistics measured from what was written (token counts from saved sizes as (h//32)*(w//32))."""
     counts = [len(s["images"]) for s in samples]
     tokens = [image["tokens"] for s in samples for image in s["images"]]
@@ -185,7 +128,7 @@ def _realized(samples: list[dict[str, Any]], dist: PayloadDistribution) -> dict[
     }
 
 
-def generate(dist: PayloadDistribution, n_samples: int, out_dir: Path) -> Path:
+def generate(dist: PayloadConfig, n_samples: int, out_dir: Path) -> Path:
     """Write `n_samples` conversation rows drawn from `dist` and a manifest; idempotent per (dist, n_samples).
 
     Returns the path of `train.jsonl`; images go to `out_dir/images/`, statistics to `out_dir/manifest.json`.
@@ -238,7 +181,7 @@ def generate(dist: PayloadDistribution, n_samples: int, out_dir: Path) -> Path:
             "version": GENERATOR_VERSION,
             "key": key,
             "n_samples": n_samples,
-            "distribution": asdict(dist),
+            "distribution": dist.identity(),
             "token_clamp": {
                 "effective_image_tokens_min": lo,
                 "effective_image_tokens_max": hi,

@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING
 
 from omegaconf import OmegaConf
 
-from vlmtrain.config import redact, world
-from vlmtrain.config.groups import hardware
+from vlmtrain.config import redact
+from vlmtrain.config.resolve import Resolved, resolve
+from vlmtrain.config.resolve import save as save_run_json
 
 if TYPE_CHECKING:
     from vlmtrain.config.schema import RunConfig
@@ -23,23 +24,26 @@ RUN_CONFIG = "run_config.yaml"
 RANKS_LOG = "ranks.log"
 
 
-def save_run_config(run: RunConfig) -> Path:
-    """The config the ranks load. Secrets are written as `${oc.env:...}` references that the ranks resolve from
-    the environment they inherit (vlmtrain.config.redact.ENV_REFERENCES), so the file never holds one."""
+def save_run_config(run: RunConfig, resolved: Resolved | None = None) -> Path:
+    """The config the ranks load, and next to it run.json, its resolved values (config.resolve). Secrets are
+    written as `${oc.env:...}` references that the ranks resolve from the environment they inherit
+    (vlmtrain.config.redact.ENV_REFERENCES), so the file never holds one."""
     out = Path(run.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / RUN_CONFIG
     tree = OmegaConf.to_container(OmegaConf.structured(run), enum_to_str=True)
     OmegaConf.save(OmegaConf.create(redact.redact(tree, masking=redact.ENV_REFERENCES)), path)
+    save_run_json(resolved or resolve(run), out)
     return path
 
 
-def launch(run: RunConfig) -> int:
-    """Start one rank per local GPU through torchrun and wait for them."""
-    path = save_run_config(run)
-    lay = world.layout(run)
+def launch(run: RunConfig, resolved: Resolved | None = None) -> int:
+    """Start one rank per local GPU through torchrun, with the resolved env vars, and wait for them."""
+    res = resolved or resolve(run)
+    path = save_run_config(run, res)
+    lay = res.layout
     env = dict(os.environ)
-    env.update({k: v for k, v in hardware.runtime_env(run).items() if k not in os.environ})
+    env.update({k: v for k, v in res.env_vars.items() if k not in os.environ})
     env.setdefault("PYTHONUNBUFFERED", "1")
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={lay.gpus_per_node}",
            f"--nnodes={lay.nodes}", "--master-port", env.get("MASTER_PORT", "29511"),

@@ -20,8 +20,8 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from vlmtrain.config import world
-from vlmtrain.config.groups import hardware
+from vlmtrain.config.resolve import Resolved, resolve
+from vlmtrain.config.resolve import save as save_run_json
 
 if TYPE_CHECKING:
     from vlmtrain.config.schema import RunConfig
@@ -54,9 +54,10 @@ def _first_host(nodelist: str) -> str:
         return nodelist.split(",")[0].split("[")[0]
 
 
-def export_env(run: RunConfig) -> dict[str, str]:
-    """Put the run's env vars into this process's environment (explicit user settings win) and return them."""
-    env = hardware.runtime_env(run)
+def export_env(run: RunConfig, resolved: Resolved | None = None) -> dict[str, str]:
+    """Put the run's resolved env vars into this process's environment (explicit user settings win) and return
+    them."""
+    env = (resolved or resolve(run)).env_vars
     for k, v in env.items():
         os.environ.setdefault(k, v)
     return env
@@ -165,15 +166,17 @@ class PreemptionRelay:
             self._submitit_handler(self.sig, None)
 
 
-def in_process(run: RunConfig, train: Callable[[RunConfig], None] | None) -> int:
-    """One Slurm task: rank variables from Slurm, the run's env before torch, a rank record, then `train(run)` (the
-    training entry flow.py passes), or for a dry run (`train` None) the plan on rank 0, with timeout/preemption
-    relayed to Bridge and back to submitit."""
+def in_process(run: RunConfig, train: Callable[[RunConfig, Resolved], None] | None,
+               resolved: Resolved | None = None) -> int:
+    """One Slurm task: rank variables from Slurm, the run's resolved env before torch, a rank record, then (rank 0
+    saving run.json) `train(run, resolved)`, the training entry flow.py passes, or for a dry run (`train` None)
+    the plan on rank 0, with timeout/preemption relayed to Bridge and back to submitit."""
     torch_was_imported = "torch" in sys.modules
     os.environ.update(slurm_rank_env())
-    env = export_env(run)
+    res = resolved or resolve(run)
+    env = export_env(run, res)
     record = describe_rank(env, torch_was_imported)
-    lay = world.layout(run)
+    lay = res.layout
     if record["world_size"] != lay.world_size or record["local_world_size"] != lay.gpus_per_node:
         raise RuntimeError(
             f"Slurm started {record['world_size']} task(s), {record['local_world_size']} per node, but the run "
@@ -184,11 +187,13 @@ def in_process(run: RunConfig, train: Callable[[RunConfig], None] | None) -> int
         path = write_rank_record(run.output_dir, record)
         try:
             if train is not None:
-                train(run)
+                if record["rank"] == 0:
+                    save_run_json(res, run.output_dir)
+                train(run, res)
             elif record["rank"] == 0:
                 from vlmtrain.build import plan
 
-                status = plan.dry_run(run)
+                status = plan.dry_run(run, res)
             else:
                 print(f"[vlmtrain] rank {record['rank']}: dry run, the plan is built on rank 0; rank record {path}")
         except SystemExit as e:  # Bridge exits this way after the signal-triggered checkpoint

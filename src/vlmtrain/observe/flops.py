@@ -8,6 +8,7 @@ Per forward pass (multiply-add = 2 FLOPs):
   causal self-attention adds 2*nq*d*s^2 per sequence (half of the full s^2 matrix); logits 2*h*V per token.
 - ViT, per image with P patches: patch embedding 2*P*1536*hv; per layer 2P*hv*3hv + 2P*hv^2 + 4P*hv*iv and
   bidirectional attention 4*P^2*hv; patch merger (and each deepstack merger) 2(P/4)(4hv)^2 + 2(P/4)(4hv)h.
+Shapes and the Qwen3.5 layer pattern: vlmtrain.config.architecture.
 Backward = 2x forward for a trainable part (data + weight gradients); a frozen part behind trainable ones
 needs only its data gradient (1x); a frozen part with nothing trainable upstream has no backward.
 """
@@ -17,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from vlmtrain.config import architecture as arch
 
 if TYPE_CHECKING:
     from vlmtrain.config.groups.model import ModelConfig
@@ -35,16 +38,17 @@ class Flops:
 
 
 def decoder_forward(m: ModelConfig, lengths: Iterable[int]) -> float:
-    h, d, nq, nkv = m.hidden_size, m.head_dim, m.num_attention_heads, m.num_query_groups
+    h, d, nq = m.hidden_size, m.head_dim, m.num_attention_heads
+    q, kv = arch.attention_widths(m)
     moe = 2 * h * m.num_experts + m.moe_topk * 6 * h * m.moe_ffn_hidden_size + 6 * h * m.shared_expert_ffn_hidden_size
-    attn_proj = 2 * h * (nq * d + 2 * nkv * d) + 2 * nq * d * h
-    n_full, n_linear, lin = m.num_layers, 0, 0.0
-    if m.linear_attention is not None:
-        la = m.linear_attention
-        n_full = m.num_layers // la.full_attention_interval
-        n_linear = m.num_layers - n_full
-        nk, nv, dk, dv = la.num_key_heads, la.num_value_heads, la.key_head_dim, la.value_head_dim
-        lin = 2 * h * (2 * nk * dk + 2 * nv * dv + 2 * nv) + 2 * nv * dv * h + 4 * nv * dk * dv
+    attn_proj = 2 * h * (q + 2 * kv) + 2 * q * h
+    n_linear = sum(t == "linear_attention" for t in arch.layer_types(m))
+    n_full, lin = m.num_layers - n_linear, 0.0
+    la = arch.linear_attention(m)
+    if la is not None:
+        qk, v = arch.gdn_widths(la)
+        nv, dk, dv = la.num_value_heads, la.key_head_dim, la.value_head_dim
+        lin = 2 * h * (2 * qk + 2 * v + 2 * nv) + 2 * v * h + 4 * nv * dk * dv
     per_token = n_full * attn_proj + n_linear * lin + m.num_layers * moe + 2 * h * m.vocab_size
     total = 0.0
     for s in lengths:
@@ -57,11 +61,12 @@ def vit_forward(m: ModelConfig, patches: Iterable[int]) -> tuple[float, float]:
     v = m.vit
     hv, iv = v.hidden_size, v.intermediate_size
     blocks = projector = 0.0
-    n_mergers = 1 + len(v.deepstack_indexes)
+    n_mergers, merged = 1 + len(v.deepstack_indexes), arch.PATCHES_PER_TOKEN * hv  # merger input: 2x2 patches
     for p in patches:
         per_layer = 2 * p * hv * 3 * hv + 2 * p * hv * hv + 4 * p * hv * iv + 4 * p * p * hv
-        blocks += 2 * p * 1536 * hv + v.depth * per_layer
-        projector += n_mergers * (2 * (p / 4) * (4 * hv) ** 2 + 2 * (p / 4) * (4 * hv) * m.hidden_size)
+        blocks += 2 * p * arch.VIT_PATCH_INPUT * hv + v.depth * per_layer
+        tokens = p / arch.PATCHES_PER_TOKEN
+        projector += n_mergers * (2 * tokens * merged**2 + 2 * tokens * merged * m.hidden_size)
     return blocks, projector
 
 

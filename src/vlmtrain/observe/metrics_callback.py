@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from megatron.bridge.training.callbacks import Callback
 
-from vlmtrain.config import world
 from vlmtrain.config.groups import precision
+from vlmtrain.config.resolve import Resolved, resolve
 from vlmtrain.observe import flops, timing, wandb_run
 from vlmtrain.observe.results import append_jsonl
 from vlmtrain.train.step_counters import COUNTERS
@@ -68,11 +68,14 @@ def bridge_step_stats(context: Any) -> tuple[int, tuple]:
 
 class MetricsCallback(Callback):
     """`counters` count the batches and `timer` times the components of each step (its data mark is the one the
-    counters' data_wait enters)."""
+    counters' data_wait enters); `resolved` (config.resolve, the run's run.json) gives the layout, resolved from
+    `run` when not given."""
 
-    def __init__(self, run: RunConfig, counters: StepCounters, timer: timing.StepTimer):
+    def __init__(self, run: RunConfig, counters: StepCounters, timer: timing.StepTimer,
+                 resolved: Resolved | None = None):
         wandb_run.check_bridge_logger(run)
         self.run, self.counters, self.timer = run, counters, timer
+        self.resolved = resolved or resolve(run)
         self.path = Path(run.output_dir) / "metrics.jsonl"
         self.t0 = 0.0
         self.wandb_run: Any = None
@@ -161,7 +164,7 @@ class MetricsCallback(Callback):
         row.update({k: int(v) for k, v in zip(COUNTERS, vals[: len(COUNTERS)], strict=True)})
         flops_vit, flops_proj, flops_dec = vals[len(COUNTERS):]
         total = flops_vit + flops_proj + flops_dec
-        gpus = world.layout(self.run).world_size
+        gpus = self.resolved.layout.world_size
         row.update(flops_vit=flops_vit, flops_projector=flops_proj, flops_decoder=flops_dec, flops=total,
                    useful_tokens_per_s_per_gpu=row["nonpad_tokens"] / step_s / gpus,
                    padded_tokens_per_s_per_gpu=row["padded_tokens"] / step_s / gpus,

@@ -23,6 +23,11 @@ HEADLINE_KEYS = ("step_s", "useful_tokens_per_s_per_gpu", "padded_tokens_per_s_p
                  "mfu_precision_peak")
 RATE_KEYS = frozenset(HEADLINE_KEYS[1:])
 """Per-step rates: summarized as total work / total time (weighted by step_s), not as a median."""
+SUMMARY_KEYS = (*HEADLINE_KEYS, "time_vision_s", "time_projector_s", "time_decoder_s", "time_optimizer_s",
+                "time_data_s", "time_other_s", "flops_vit", "flops_projector", "flops_decoder", "vlmtrain_host_s",
+                "skipped_samples")
+"""What a benchmark row's `metrics` holds: the headline, observe.timing's per-component seconds (`other` = step_s
+minus the named ones), the FLOPs split and vlmtrain's own host time (report.job.SUMMARY_KEYS is the same tuple)."""
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -129,7 +129,8 @@ class Job:
 
     @cached_property
     def layout(self) -> dict[str, int]:
-        lay = _layout(self.config)
+        """The layout the run resolved (its run.json), else rebuilt from its config (run dirs without run.json)."""
+        lay = _saved_layout(self.path) or _layout(self.config)
         out = {k: getattr(lay, k) for k in ("tp", "pp", "cp", "ep", "etp")} if lay else {}
         if lay and lay.vpp:
             out["vpp"] = lay.vpp
@@ -151,6 +152,14 @@ def override_items(overrides: list[str]) -> list[tuple[str, str]]:
         if sep and not key.startswith(("~", "hydra.")):
             items.append((key, value))
     return items
+
+
+def _saved_layout(path: Path | None) -> Any:
+    """The layout in the run dir's run.json (config.resolve), None when there is none."""
+    from vlmtrain.config import resolve
+
+    resolved = resolve.load(path) if path is not None and path.is_dir() else None
+    return resolved.layout if resolved is not None else None
 
 
 def _layout(config: dict[str, Any]) -> Any:

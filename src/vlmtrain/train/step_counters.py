@@ -13,6 +13,7 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from vlmtrain.config.resolve import Resolved
     from vlmtrain.config.schema import RunConfig
 
 COUNTERS = ("padded_tokens", "nonpad_tokens", "image_tokens", "text_tokens", "loss_tokens", "images", "vit_patches",
@@ -21,10 +22,15 @@ COUNTERS = ("padded_tokens", "nonpad_tokens", "image_tokens", "text_tokens", "lo
 
 class StepCounters:
     """Token/image counters of the micro-batches this rank consumed since the last reset. `data_wait()` is entered
-    around each next() of the data iterator (the step timer's data mark)."""
+    around each next() of the data iterator (the step timer's data mark). `resolved`: the run's config.resolve
+    values (resolved from `run` when not given)."""
 
-    def __init__(self, run: RunConfig, data_wait: Callable[[], AbstractContextManager[Any]]):
+    def __init__(self, run: RunConfig, data_wait: Callable[[], AbstractContextManager[Any]],
+                 resolved: Resolved | None = None):
+        from vlmtrain.config.resolve import resolve
+
         self.run = run
+        self.pads = (resolved or resolve(run)).pads_to_seq_length
         self.data_wait = data_wait
         self.image_token_id: int | None = None
         self.samples: list[dict[str, Any]] = []  # per-sample (nonpad length, patches per image) for FLOPs
@@ -36,10 +42,9 @@ class StepCounters:
         self.host_s = 0.0  # host time spent counting (part of vlmtrain_host_s)
 
     def padded_length(self, raw_len: int) -> int:
-        """Sequence length the model actually runs for a collated [B, raw_len] batch (check.memory.pads)."""
-        from vlmtrain.check import memory
-
-        return self.run.train.seq_length if memory.pads(self.run) else raw_len
+        """Sequence length the model actually runs for a collated [B, raw_len] batch (Resolved.pads_to_seq_length,
+        the rule check.memory.pads applies too)."""
+        return self.run.train.seq_length if self.pads else raw_len
 
     def rows(self, batch: dict[str, Any]) -> tuple[list[Any], int]:
         """(each sample's real token ids, tokens the model runs): a packed (THD) batch is one row whose samples

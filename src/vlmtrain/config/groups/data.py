@@ -25,10 +25,12 @@ Bridge's Qwen3-VL-specific `qwen3_vl_step` would instead defer packing to the st
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from vlmtrain.config.tokens import COLLATE_MAX_TOKENS, COLLATE_MIN_TOKENS
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
@@ -49,21 +51,70 @@ class Kind(StrEnum):
 OWNS = frozenset({"dataset"})
 
 
+class TokenSampling(StrEnum):
+    uniform = "uniform"
+    log_uniform = "log_uniform"
+
+
 @dataclass
 class PayloadConfig:
-    """The declared distribution of `data=realistic` (see vlmtrain.data.realistic.PayloadDistribution)."""
+    """The declared per-sample payload mix of `data=realistic`, which vlmtrain.data.realistic generates; the
+    defaults are what `data=realistic` trains with. Every field but num_samples is the distribution, part of the
+    generated dataset's identity (`identity()`)."""
 
     num_samples: int = 256
-    image_tokens_min: int = 196
-    """LLM tokens per image (one token = 32x32 px for Qwen3-VL)."""
-    image_tokens_max: int = 980
+    """Samples generated."""
+    image_tokens_min: int = COLLATE_MIN_TOKENS
+    """Fewest LLM tokens per image (one token = 32x32 px); clamped to >= 196, the collate's minimum."""
+    image_tokens_max: int = COLLATE_MAX_TOKENS
+    """Most LLM tokens per image; clamped to <= 980, the collate's maximum."""
     images_per_sample: list[float] = field(default_factory=lambda: [0.0, 0.7, 0.2, 0.1])
-    """Weights of 0, 1, 2, ... images per sample."""
+    """Weight of each image count: entry k is the relative probability of k images in a sample."""
+    token_sampling: TokenSampling = TokenSampling.uniform
+    """How the per-image token target is drawn between min and max."""
+    aspect_ratio_max: float = 2.0
+    """Largest long/short side ratio of a crop; crop aspect ratios are log-uniform in [1/r, r]."""
     prompt_words_min: int = 4
+    """Fewest words in the user prompt."""
     prompt_words_max: int = 24
+    """Most words in the user prompt."""
     answer_words_min: int = 16
+    """Fewest words in the assistant answer (the loss-carrying tokens)."""
     answer_words_max: int = 160
+    """Most words in the assistant answer."""
     seed: int = 0
+    """Seed of the only random generator used; same seed and fields give byte-identical images and rows."""
+
+    def __post_init__(self) -> None:
+        """Normalise the weights to floats and reject ranges that cannot be sampled."""
+        self.images_per_sample = [float(w) for w in self.images_per_sample]
+        weights = self.images_per_sample
+        if not weights or any(w < 0 for w in weights) or sum(weights) <= 0:
+            raise ValueError(f"images_per_sample needs non-negative weights with a positive sum, got {weights}")
+        if self.token_sampling not in tuple(TokenSampling):
+            raise ValueError(f"token_sampling must be 'uniform' or 'log_uniform', got {self.token_sampling!r}")
+        self.token_sampling = TokenSampling(self.token_sampling)
+        lo, hi = self.effective_token_range
+        if lo > hi:
+            raise ValueError(
+                f"image_tokens_min..max ({self.image_tokens_min}..{self.image_tokens_max}) does not overlap "
+                f"the collate's {COLLATE_MIN_TOKENS}..{COLLATE_MAX_TOKENS}; pick a range inside it."
+            )
+        if self.aspect_ratio_max < 1:
+            raise ValueError(f"aspect_ratio_max must be >= 1, got {self.aspect_ratio_max}")
+        for name in ("prompt_words", "answer_words"):
+            low, high = getattr(self, f"{name}_min"), getattr(self, f"{name}_max")
+            if not 1 <= low <= high:
+                raise ValueError(f"need 1 <= {name}_min <= {name}_max, got {low}..{high}")
+
+    @property
+    def effective_token_range(self) -> tuple[int, int]:
+        """Declared token range clamped to what the Qwen collate keeps unchanged."""
+        return max(self.image_tokens_min, COLLATE_MIN_TOKENS), min(self.image_tokens_max, COLLATE_MAX_TOKENS)
+
+    def identity(self) -> dict[str, Any]:
+        """The distribution (every field but num_samples), as the dataset key and the manifest record it."""
+        return {k: v for k, v in asdict(self).items() if k != "num_samples"}
 
 
 @dataclass
@@ -144,10 +195,12 @@ def apply(run: RunConfig, cfg: ConfigContainer, proc: str, hf_source: dict[str, 
     elif d.kind == Kind.energon:
         from megatron.bridge.data.builders.energon import EnergonDatasetConfig, QwenVLEnergonTaskEncoderConfig
 
+        from vlmtrain.config.architecture import PATCH_SIZE
+
         cfg.dataset = EnergonDatasetConfig(
             path=d.path,
             micro_batch_size=run.train.micro_batch_size,
-            task_encoder=QwenVLEnergonTaskEncoderConfig(hf_processor_path=proc, patch_size=16),
+            task_encoder=QwenVLEnergonTaskEncoderConfig(hf_processor_path=proc, patch_size=PATCH_SIZE),
             dataset_kwargs=energon_kwargs,
             **common,
         )

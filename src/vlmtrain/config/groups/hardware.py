@@ -8,7 +8,8 @@
 | h200   | 8         | 8             | 989 / 1979 / -                        | alltoall           |
 
 The env vars must be in the environment before Python imports torch (Bridge's `env_vars` are applied late
-with setdefault), so the launcher exports `runtime_env()`; `apply()` also records them in `cfg.env_vars`.
+with setdefault), so the launcher exports the resolved env (config.resolve keeps it per group, `runtime_env()`
+merges it); `apply()` also records them in `cfg.env_vars`.
 """
 
 from __future__ import annotations
@@ -63,18 +64,12 @@ def hybridep_env(hw: HardwareConfig, ep: int) -> dict[str, str]:
 
 
 def runtime_env(run: RunConfig) -> dict[str, str]:
-    """Every env var a rank needs: the hardware's own, the kernels group's, the model group's (Qwen3.5's kernel
-    caches and FLA backend), HybridEP topology when that dispatcher runs, and NCCL_GRAPH_REGISTER=0 when CUDA graphs
-    meet expandable segments (Megatron asserts it: illegal memory access otherwise)."""
-    from vlmtrain.config import world
-    from vlmtrain.config.groups import kernels, model
+    """Every env var a rank needs, merged: config.resolve.group_env (the hardware's own, the kernels group's, the
+    model group's, HybridEP topology, NCCL_GRAPH_REGISTER=0 under CUDA graphs with expandable segments), which
+    `Resolved.env` keeps per group."""
+    from vlmtrain.config import resolve, world
 
-    env = {k: str(v) for k, v in run.hardware.env.items()} | kernels.env(run) | model.env(run)
-    if run.dispatcher.backend == "hybridep":
-        env.update(hybridep_env(run.hardware, world.layout(run).ep))
-    if run.cuda_graph.modules and "expandable_segments:True" in env.get("PYTORCH_CUDA_ALLOC_CONF", ""):
-        env["NCCL_GRAPH_REGISTER"] = "0"
-    return env
+    return resolve.merge_env(resolve.group_env(run, world.layout(run)))
 
 
 def apply(run: RunConfig, cfg: ConfigContainer) -> None:

@@ -37,9 +37,11 @@ class Family(StrEnum):
     qwen35_vl = "qwen35_vl"
 
 
+BUILDS = frozenset({"model"})
+"""The section this group constructs (build_provider: the Bridge model provider) before any group's apply() runs;
+the other groups then write their OWNS fields into it, so none of theirs is this group's."""
 OWNS = frozenset(
     {
-        "model",
         "model.seq_length",
         "model.gradient_accumulation_fusion",
         "model.apply_rope_fusion",
@@ -94,17 +96,19 @@ class ModelConfig:
 
 def hf_config(m: ModelConfig, ids: Mapping[str, int]) -> Any:
     """The transformers config of the architecture, with the special-token ids of the tokenizer the data is
-    processed with (vlmtrain.data.processor.vision_token_ids)."""
+    processed with (vlmtrain.data.processor.vision_token_ids). Shapes and layer pattern: config.architecture."""
+    from vlmtrain.config import architecture as arch
+
     vision = dict(
         depth=m.vit.depth,
         hidden_size=m.vit.hidden_size,
         intermediate_size=m.vit.intermediate_size,
         num_heads=m.vit.num_heads,
         out_hidden_size=m.hidden_size,
-        patch_size=16,
-        temporal_patch_size=2,
-        spatial_merge_size=2,
-        num_position_embeddings=2304,
+        patch_size=arch.PATCH_SIZE,
+        temporal_patch_size=arch.TEMPORAL_PATCH_SIZE,
+        spatial_merge_size=arch.SPATIAL_MERGE_SIZE,
+        num_position_embeddings=arch.VIT_POSITION_EMBEDDINGS,
     )
     text = dict(
         vocab_size=m.vocab_size,
@@ -139,21 +143,19 @@ def hf_config(m: ModelConfig, ids: Mapping[str, int]) -> Any:
         return cfg
     from transformers import Qwen3_5MoeConfig
 
-    la = m.linear_attention or LinearAttentionConfig()
+    la = arch.linear_attention(m)
+    assert la is not None
     text.update(
         shared_expert_intermediate_size=m.shared_expert_ffn_hidden_size,
         linear_key_head_dim=la.key_head_dim,
         linear_value_head_dim=la.value_head_dim,
         linear_num_key_heads=la.num_key_heads,
         linear_num_value_heads=la.num_value_heads,
-        layer_types=[
-            "full_attention" if (i + 1) % la.full_attention_interval == 0 else "linear_attention"
-            for i in range(m.num_layers)
-        ],
+        layer_types=arch.layer_types(m),
         rope_parameters={
             "rope_type": "default",
             "rope_theta": m.rope_theta,
-            "partial_rotary_factor": 0.25,
+            "partial_rotary_factor": arch.QWEN35_PARTIAL_ROTARY_FACTOR,
             "mrope_section": list(m.mrope_section),
             "mrope_interleaved": True,
         },

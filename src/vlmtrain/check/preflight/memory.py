@@ -1,0 +1,58 @@
+"""Preflight rules: the per-GPU memory estimate (check.memory) against the hardware group's memory_gib."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from vlmtrain.check import memory
+from vlmtrain.check.preflight.recompute_graphs import deepstack_blocks_full_recompute
+from vlmtrain.check.preflight.registry import Severity, rule
+
+if TYPE_CHECKING:
+    from vlmtrain.config.resolve import Resolved
+    from vlmtrain.config.schema import RunConfig
+    from vlmtrain.config.world import Layout
+
+
+def _memory_verdict(run: RunConfig, lay: Layout) -> tuple[memory.MemoryBreakdown, float]:
+    """(estimate, fraction of the hardware group's memory_gib): pure arithmetic, no Bridge import."""
+    b = memory.estimate(run)
+    return b, b.total / run.hardware.memory_gib
+
+
+def _memory_message(run: RunConfig, lay: Layout, b: memory.MemoryBreakdown, verdict: str) -> str:
+    c = run.choices
+    fewer = "recompute=full"
+    if deepstack_blocks_full_recompute(run):
+        fewer = ("recompute=selective, recompute=full with vision=frozen_with_projector (full recompute alone leaves "
+                 "the trainable deepstack mergers without gradient)")
+    top = sorted(b.items().items(), key=lambda kv: -kv[1])[:3]
+    state = b.params + b.grads + b.optimizer
+    hints = (f" Model state alone (params+grads+optimizer) is {state:.0f} GiB: shard the model further "
+             "(parallelism.ep/pp, parallelism=fsdp) before touching activations." if state > run.hardware.memory_gib
+             else "")
+    if run.data.packing:
+        hints += (" With data.packing this bounds every sample by train.seq_length tokens; a packed micro-batch "
+                  "holds only its samples' real tokens, so shorter data peaks lower: a short run measures it "
+                  "(peak_mem_gib), and preflight.ignore=[memory_fits] accepts that measurement over this bound.")
+    return (f"model={run.model.name} {verdict}: estimated {b.total:.0f} GiB per GPU (PP stage {b.stage}; largest: "
+            + ", ".join(f"{k} {v:.0f}" for k, v in top)
+            + f") vs hardware={run.hardware.name} memory_gib={run.hardware.memory_gib:.0f}, with "
+            f"parallelism={c.get('parallelism', run.parallelism.kind)} (EP {lay.ep}, DP {lay.dp}), "
+            f"recompute={c.get('recompute', run.recompute.granularity)}, "
+            f"train.micro_batch_size={run.train.micro_batch_size}, seq {b.seq_len}. Try {fewer}, a larger "
+            "parallelism.ep (more nodes once EP spans all GPUs) or a smaller train.micro_batch_size." + hints)
+
+
+@rule(Severity.error)
+def memory_fits(run: RunConfig, res: Resolved) -> str | None:
+    lay = res.layout
+    b, frac = _memory_verdict(run, lay)
+    return _memory_message(run, lay, b, "does not fit") if frac > 1.0 else None
+
+
+@rule(Severity.warning)
+def memory_headroom(run: RunConfig, res: Resolved) -> str | None:
+    lay = res.layout
+    b, frac = _memory_verdict(run, lay)
+    return _memory_message(run, lay, b, f"is tight ({frac:.0%})") if 0.9 < frac <= 1.0 else None

@@ -1,0 +1,84 @@
+"""The one preflight registry: findings, the rule decorator every rule module registers through, and the checks.
+
+A rule is `fn(run, resolved) -> message | None`: it reads the derived values (layout, stage split, padding) from
+config.resolve's `Resolved`, never derives them again, and never mutates the run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from vlmtrain.config.resolve import Resolved
+    from vlmtrain.config.schema import RunConfig
+
+
+class Severity(StrEnum):
+    error = "error"
+    warning = "warning"
+
+
+@dataclass(frozen=True)
+class Finding:
+    rule: str
+    severity: Severity
+    message: str
+
+    def __str__(self) -> str:
+        return f"[{self.severity}] {self.rule}: {self.message}"
+
+
+class PreflightError(ValueError):
+    """Raised when a run has error findings; the message lists every one of them."""
+
+    def __init__(self, findings: list[Finding]):
+        self.findings = findings
+        super().__init__("preflight failed:\n" + "\n".join(f"  {f}" for f in findings))
+
+
+Rule = Callable[["RunConfig", "Resolved"], str | None]
+RULES: list[tuple[Severity, Rule]] = []
+"""Every rule in registration order (the order of vlmtrain.check.preflight's rule modules, then of each module)."""
+
+
+def rule(severity: Severity) -> Callable[[Rule], Rule]:
+    def register(fn: Rule) -> Rule:
+        RULES.append((severity, fn))
+        return fn
+
+    return register
+
+
+def bridge(run: RunConfig, section: str, key: str) -> object:
+    """The `+bridge.<section>.<key>` passthrough value, None when not given."""
+    return (run.bridge.get(section) or {}).get(key) if isinstance(run.bridge.get(section), dict) else None
+
+
+def check(run: RunConfig, resolved: Resolved | None = None) -> list[Finding]:
+    """Every finding for this run (`resolved`: config.resolve.resolve(run), computed here when not given); rules
+    named in preflight.ignore are downgraded to warnings."""
+    from vlmtrain.config.resolve import resolve
+
+    res = resolved if resolved is not None else resolve(run)
+    out = []
+    for severity, fn in RULES:
+        msg = fn(run, res)
+        if msg:
+            sev = Severity.warning if fn.__name__ in run.preflight.ignore else severity
+            out.append(Finding(fn.__name__, sev, msg))
+    return out
+
+
+def errors(findings: list[Finding]) -> list[Finding]:
+    return [f for f in findings if f.severity == Severity.error]
+
+
+def enforce(run: RunConfig, resolved: Resolved | None = None) -> list[Finding]:
+    """Raise PreflightError on any error; return the warnings."""
+    findings = check(run, resolved)
+    if errors(findings):
+        raise PreflightError(errors(findings))
+    return findings
