@@ -93,6 +93,8 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     "quantized_packing_alignment": (["precision=fp8", "data.packing=true", "train.micro_batch_size=2"],
                                     ["precision=bf16", "data.packing=true", "train.micro_batch_size=2"]),
     "quantized_unmeasured_combination": (["precision=fp8", "kernels=fast"], ["precision=fp8"]),
+    "mxfp8_buffer_reuse_off_under_fsdp": (["hardware=gb200", "precision=mxfp8"],
+                                          ["hardware=gb200", "precision=mxfp8", "parallelism=3d"]),
 }
 
 

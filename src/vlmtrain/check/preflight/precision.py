@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from vlmtrain.check.preflight.registry import Severity, rule
 from vlmtrain.config.groups import cuda_graph, precision
 from vlmtrain.config.groups.kernels import GroupedGemm
+from vlmtrain.config.groups.parallelism import Kind as ParKind
 from vlmtrain.config.groups.precision import Format, Scaling, VisionPrecision
 
 if TYPE_CHECKING:
@@ -78,4 +79,13 @@ def quantized_unmeasured_combination(run: RunConfig, res: Resolved) -> str | Non
     if combos:
         return (f"precision={precision.label(run)} with " + "; ".join(combos) + ": no vlmtrain run has measured this "
                 "combination (results/precision_h200.jsonl); check loss parity against precision=bf16.")
+    return None
+
+
+@rule(Severity.warning)
+def mxfp8_buffer_reuse_off_under_fsdp(run: RunConfig, res: Resolved) -> str | None:
+    if run.precision.format == Format.mxfp8 and run.parallelism.kind == ParKind.fsdp:
+        return ("precision=mxfp8 with parallelism=fsdp: Bridge turns reuse_grad_buf_for_mxfp8_param_ag off (not "
+                "implemented for Megatron-FSDP), so the MXFP8 parameter all-gather takes its own buffer; the memory "
+                "estimate does not count it. parallelism=3d keeps the reuse.")
     return None
