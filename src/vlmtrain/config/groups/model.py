@@ -16,7 +16,8 @@ Qwen3.5's Gated-DeltaNet layers run flash-linear-attention (FLA) kernels that ar
 (autotuned), TileLang through nvcc (FLA's gated chunk backward on Hopper, where Triton < 3.7.1 computes it wrongly)
 and torch.compile'd Megatron helpers. Step 1 of a fresh run spent 214-217 s there on the H200
 (results/gpu_acceptance.jsonl), so `env()` puts every one of those caches under `data.cache_dir`/kernels, where
-later runs find them, and pins FLA's TileLang backend on SM90 (FLA_TILELANG=1; FLA also picks it there by default once tilelang and nvcc are present).
+later runs find them, and pins FLA's TileLang backend on SM90 (FLA_TILELANG=1; FLA also picks it there by default
+once tilelang and nvcc are present).
 """
 
 from __future__ import annotations
