@@ -5,12 +5,12 @@
     python benchmarks/precision_h200.py summarize                          # medians, ratios, parity -> rows
 
 Every run is `python train.py` on the 30B-A3B layer shapes at 4 decoder layers, real images (data=realistic),
-MBS 1, GBS 1, the same seed and data order for every recipe. Speed runs go one after another; a run started with
---shared-gpu (a parity run next to other GPU work) counts for parity and memory only. Run dirs go under
+MBS 1, GBS 1, the same seed and data order for every recipe, one run after another. Run dirs go under
 outputs/precision/<lease>/<mode>/<recipe>-<i> (case.json: rc, command, the GPU machine and the lease: the machine's
 boot id, one per lent machine); `summarize` (on any machine) appends to results/precision_h200.jsonl one row per
 run and one summary row per recipe and lease: the median of its speed runs' steady step_s / useful tokens/s with
-the min-max spread, the speed ratio against BF16's median on the same lease, the peak memory, and the loss parity
+the min-max spread, the speed ratio against BF16's median on the same lease and samples, the peak memory of all
+its runs, and the loss parity
 of its 100-step run against BF16's: the largest absolute difference of the two loss curves after a centred moving
 average (PARITY_WINDOW).
 """
@@ -50,7 +50,7 @@ def lease() -> str:
         return "lease-unknown"
 
 
-def run_case(mode: str, recipe: str, i: int, shared_gpu: bool = False) -> dict[str, object]:
+def run_case(mode: str, recipe: str, i: int) -> dict[str, object]:
     run_dir = OUT / lease() / mode / f"{recipe}-{i}"
     overrides = [*BASE, *RECIPES[recipe], f"train.iterations={STEPS[mode]}"]
     cmd = [sys.executable, str(ROOT / "train.py"), *overrides, f"hydra.run.dir={run_dir}"]
@@ -60,8 +60,7 @@ def run_case(mode: str, recipe: str, i: int, shared_gpu: bool = False) -> dict[s
         rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
                             env=dict(os.environ, PYTHONUNBUFFERED="1")).returncode
     meta = {"mode": mode, "recipe": recipe, "i": i, "rc": rc, "wall_s": round(time.time() - t0, 1),
-            "command": "python train.py " + " ".join(overrides), "machine": results.machine(), "lease": lease(),
-            "shared_gpu": shared_gpu}
+            "command": "python train.py " + " ".join(overrides), "machine": results.machine(), "lease": lease()}
     (run_dir / "case.json").write_text(json.dumps(meta))
     print(f"[precision] {mode} {recipe} #{i}: rc {rc}, {meta['wall_s']} s", flush=True)
     return meta
@@ -81,22 +80,29 @@ FIRST_LEASE = "lease-1"
 """The lease of the runs made before case.json recorded one (all on one lease of 2026-12-01)."""
 
 
-def summarize(path: Path, commit: str, leases: list[str] | None = None) -> None:
-    """Rows for the runs and summaries of `leases` (default all); the BF16 loss curve is read from any lease."""
+def steady_tokens(run_dir: Path) -> int:
+    """Real tokens of the steps a summary counts: equal for two runs only if they trained on the same samples."""
+    return sum(r.get("nonpad_tokens", 0) for r in results.steady(results.read_jsonl(run_dir / "metrics.jsonl")))
+
+
+def summarize(path: Path, commit: str, leases: list[str] | None = None, run_rows: bool = True) -> None:
+    """Rows for the runs (unless not `run_rows`) and the per-recipe summaries of `leases` (default all). Speed
+    comes from the speed runs only: the data order follows train.iterations, so a 100-step parity run trains on
+    other samples in its first steps than a 10-step run, and equal useful work means equal iterations. The BF16
+    loss curve for parity is read from any lease (the loss does not depend on the machine)."""
     runs: dict[tuple[str, str], list[tuple[dict, dict, list[float]]]] = {}
     for case in sorted(OUT.glob("**/case.json")):
         meta = json.loads(case.read_text())
         meta.setdefault("lease", FIRST_LEASE)
         rows = results.read_jsonl(case.parent / "metrics.jsonl") if (case.parent / "metrics.jsonl").exists() else []
-        summary = results.summarize(case.parent) if rows else {}
+        summary = {**results.summarize(case.parent), "steady_nonpad_tokens": steady_tokens(case.parent)} if rows else {}
         losses = [r["lm_loss"] for r in rows if isinstance(r.get("lm_loss"), int | float)]
         runs.setdefault((meta["lease"], meta["recipe"]), []).append((meta, summary, losses))
-        if leases and meta["lease"] not in leases:
-            continue
-        name = f"30b-shape-l4_{meta['recipe']}_{meta['mode']}-{meta['i']}"
-        results.append(path, name if meta["lease"] == FIRST_LEASE else f"{name}_{meta['lease']}", meta["command"],
-                       {"rc": meta["rc"], **summary}, commit=commit, wall_s=meta["wall_s"], machine=meta["machine"],
-                       lease=meta["lease"], shared_gpu=meta.get("shared_gpu", False))
+        if run_rows and (not leases or meta["lease"] in leases):
+            name = f"30b-shape-l4_{meta['recipe']}_{meta['mode']}-{meta['i']}"
+            results.append(path, name if meta["lease"] == FIRST_LEASE else f"{name}_{meta['lease']}",
+                           meta["command"], {"rc": meta["rc"], **summary}, commit=commit, wall_s=meta["wall_s"],
+                           machine=meta["machine"], lease=meta["lease"])
     # a run stopped before its last step (rc != 0) still counts with the steps it made; the row says so
     ok = {k: [(m, s, losses) for m, s, losses in v if s.get("steps", 0) > results.SKIP] for k, v in runs.items()}
     base_loss = next((losses for (_, r), v in ok.items() if r == "bf16" for m, _, losses in v
@@ -104,22 +110,9 @@ def summarize(path: Path, commit: str, leases: list[str] | None = None) -> None:
     for (where, recipe), done in ok.items():
         if leases and where not in leases:
             continue
-        timed = [(m, s) for m, s, _ in done if not m.get("shared_gpu")]
-        if not timed:
-            continue
-        rates = [s["useful_tokens_per_s_per_gpu"] for _, s in timed]
-        steps = [s["step_s"] for _, s in timed]
-        metrics = {"runs": len(timed), "incomplete_runs": sum(m["rc"] != 0 for m, _ in timed),
-                   "useful_tokens_per_s_per_gpu": statistics.median(rates),
-                   "useful_tokens_per_s_per_gpu_min": min(rates), "useful_tokens_per_s_per_gpu_max": max(rates),
-                   "step_s": statistics.median(steps), "step_s_min": min(steps), "step_s_max": max(steps),
-                   "peak_mem_gib": max(s["peak_mem_gib"] for _, s, _ in done),
-                   "mfu": statistics.median(s["mfu"] for _, s in timed),
-                   "mfu_precision_peak": statistics.median(s["mfu_precision_peak"] for _, s in timed)}
-        bf16 = [s for m, s in ((m, s) for m, s, _ in ok.get((where, "bf16"), [])) if not m.get("shared_gpu")]
-        if bf16:
-            metrics["speed_ratio_vs_bf16"] = metrics["useful_tokens_per_s_per_gpu"] / statistics.median(
-                s["useful_tokens_per_s_per_gpu"] for s in bf16)
+        metrics = {"peak_mem_gib": max(s["peak_mem_gib"] for _, s, _ in done)}
+        metrics |= speed([s for m, s, _ in done if m["mode"] == "speed"],
+                         [s for m, s, _ in ok.get((where, "bf16"), []) if m["mode"] == "speed"])
         mine = next((losses for m, _, losses in done if m["mode"] == "parity"), None)
         if base_loss and mine and recipe != "bf16":
             metrics.update(loss_parity_max_abs_diff_nats=parity(base_loss, mine), parity_steps=min(len(base_loss),
@@ -131,22 +124,38 @@ def summarize(path: Path, commit: str, leases: list[str] | None = None) -> None:
         print(f"[precision] {recipe} ({where}): {json.dumps(metrics)}", flush=True)
 
 
+def speed(timed: list[dict], bf16: list[dict]) -> dict[str, object]:
+    """Median and min-max of the speed runs, and the ratio to BF16's median on the same lease and samples."""
+    if not timed:
+        return {}
+    rates = [s["useful_tokens_per_s_per_gpu"] for s in timed]
+    steps = [s["step_s"] for s in timed]
+    out: dict[str, object] = {
+        "speed_runs": len(timed), "useful_tokens_per_s_per_gpu": statistics.median(rates),
+        "useful_tokens_per_s_per_gpu_min": min(rates), "useful_tokens_per_s_per_gpu_max": max(rates),
+        "step_s": statistics.median(steps), "step_s_min": min(steps), "step_s_max": max(steps),
+        "mfu": statistics.median(s["mfu"] for s in timed),
+        "mfu_precision_peak": statistics.median(s["mfu_precision_peak"] for s in timed)}
+    if bf16 and {s["steady_nonpad_tokens"] for s in timed} == {s["steady_nonpad_tokens"] for s in bf16}:
+        out["speed_ratio_vs_bf16"] = out["useful_tokens_per_s_per_gpu"] / statistics.median(
+            s["useful_tokens_per_s_per_gpu"] for s in bf16)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("mode", choices=["parity", "speed", "summarize"])
     ap.add_argument("--only", nargs="*", default=list(RECIPES))
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--lease", nargs="*", help="summarize: write rows for these leases only")
-    ap.add_argument("--first", type=int, default=0, help="index of the first repeat (run dirs <recipe>-<i>)")
-    ap.add_argument("--shared-gpu", action="store_true", help="other GPU work runs beside: parity and memory only")
+    ap.add_argument("--summaries-only", action="store_true", help="summarize: no per-run rows")
     ap.add_argument("--results", type=Path, default=ROOT / "results" / "precision_h200.jsonl")
     ap.add_argument("--commit", default=os.environ.get("VLMTRAIN_COMMIT", "unknown"))
     args = ap.parse_args(argv)
     if args.mode == "summarize":
-        summarize(args.results, args.commit, args.lease)
+        summarize(args.results, args.commit, args.lease, run_rows=not args.summaries_only)
         return 0
-    metas = [run_case(args.mode, r, i, args.shared_gpu) for i in range(args.first, args.first + args.repeats)
-             for r in args.only]
+    metas = [run_case(args.mode, r, i) for i in range(args.repeats) for r in args.only]
     return int(any(m["rc"] for m in metas))
 
 

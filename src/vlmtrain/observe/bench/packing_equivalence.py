@@ -75,9 +75,9 @@ BASE = [
 CASES: dict[str, list[str]] = {
     "tiny_kernels-default": ["model=tiny"],
     "tiny_kernels-fast": ["model=tiny", "kernels=fast"],
-    # two decoder layers: the two kernels cases (model, grads, optimizer ~55 GiB each) fit side by side on one H200
-    "30b-shape-l2_kernels-default": ["model=qwen3_vl_30b_a3b", "model.num_layers=2"],
-    "30b-shape-l2_kernels-fast": ["model=qwen3_vl_30b_a3b", "model.num_layers=2", "kernels=fast"],
+    # 4 layers: the fewest that hold the 3 deepstack layers (preflight deepstack_on_first_stage)
+    "30b-shape-l4_kernels-default": ["model=qwen3_vl_30b_a3b", "model.num_layers=4"],
+    "30b-shape-l4_kernels-fast": ["model=qwen3_vl_30b_a3b", "model.num_layers=4", "kernels=fast"],
 }
 ROWS_OF_IMAGES = ((0, 1, 2), (1, 3, 0, 1), (2, 2), (0, 0, 1))
 """The micro-batches compared: the image count of each sample in a packed row (0, 1 and 2+ images)."""
@@ -383,8 +383,9 @@ def write(h: Harness, rows: list[list[int]], history: list[dict[str, Any]]) -> N
 
 
 def run_cases(only: list[str] | None, results_path: Path, commit: str) -> int:
-    """Each case in its own one-rank torchrun (Bridge's setup owns the process's global state): compose, scan the
-    data on CPU, save the run config, run `main` on it, append its row to `results_path`."""
+    """Each case in its own one-rank torchrun (Bridge's setup owns the process's global state): compose, preflight,
+    scan the data on CPU, save the run config, run `main` on it, append its row to `results_path`."""
+    from vlmtrain.check import preflight
     from vlmtrain.config.compose import compose
     from vlmtrain.config.resolve import resolve
     from vlmtrain.data import prepare
@@ -399,6 +400,7 @@ def run_cases(only: list[str] | None, results_path: Path, commit: str) -> int:
         run_dir = ROOT / "outputs" / "packing_equivalence" / name
         run = compose([*BASE, *overrides], output_dir=str(run_dir))
         res = resolve(run)
+        preflight.enforce(run, res)
         prepare.prepare(run)
         path = local.save_run_config(run, res)
         env = {**os.environ, **{k: v for k, v in res.env_vars.items() if k not in os.environ}, "PYTHONUNBUFFERED": "1"}
