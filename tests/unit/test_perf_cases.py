@@ -41,15 +41,20 @@ def test_sweeps_expand_to_unique_benchmark_cases() -> None:
     for case, k in ALL:
         assert case.gpus == 2 and all(o in case.overrides for o in BENCHMARK), case.name
         assert ("frozen" in case.name) == (k.vision == "frozen"), case.name
-        assert f"train.global_batch_size={k.gbs}" in case.overrides, case.name
+        rows = k.gbs // k.mbs if k.packing else k.gbs  # a packed knob's GBS counts rows of MBS x 1024 tokens
+        assert f"train.global_batch_size={rows}" in case.overrides, case.name
         assert (f"_gbs{k.gbs}" in case.name) == (k.gbs != perf.GBS), case.name
     assert [c.name for c, _ in perf.expand(["all"], ["mock"])] == [perf.dataclasses.replace(perf.B, data="mock").name()]
 
 
-@pytest.mark.parametrize("case", [c for c, _ in ALL], ids=[c.name for c, _ in ALL])
-def test_every_case_passes_preflight(case: run_cases.Case) -> None:
+@pytest.mark.parametrize(("case", "knobs"), ALL, ids=[c.name for c, _ in ALL])
+def test_every_case_passes_preflight(case: run_cases.Case, knobs: perf.Knobs) -> None:
+    """Packed knobs run as capacities that the memory estimate reads: beyond the preset's 12288 tokens (MBS 16,
+    which ran out of memory on the GPU as MBS-sample packing) it refuses them."""
     run = composed(case)
-    assert preflight.errors(preflight.check(run)) == []
+    refused = [f.rule for f in preflight.errors(preflight.check(run))]
+    too_big = knobs.packing and knobs.mbs * perf.PACKED_TOKENS_PER_SAMPLE > 12288
+    assert refused == (["memory_fits"] if too_big else [])
     assert world.layout(run).world_size == 2 and run.train.seq_length == 4096 and run.model.num_layers == 8
 
 
