@@ -7,9 +7,11 @@ Each case composes a run (`data=realistic`, parallelism=3d on one GPU, the MoE a
 own `setup()` build the model and optimizer, and then, in this one rank:
 
 - alone: each sample collated alone by Bridge's Qwen collate (padded) through Bridge's `qwen3_vl_step` forward,
-  the step vlmtrain trains unpacked data with; packed: the samples of a micro-batch collated into one THD row by
-  the same collate (`enable_in_batch_packing`) through Bridge's `vlm_step`, the step vlmtrain trains packed data
-  with. The model computes MRoPE positions from the packed params itself (Bridge's get_rope_index).
+  the step vlmtrain trains unpacked data with; packed: the samples of a micro-batch as one bin of vlmtrain's
+  packed dataset (vlmtrain.data.bins.BinDataset: Bridge's Qwen collate with `enable_in_batch_packing`), one THD row
+  through Bridge's `vlm_step`, the step vlmtrain trains packed data with; with each sample's segment aligned to
+  1 and to 64 tokens, and as a static row padded to STATIC_CAPACITY. The model computes MRoPE positions from the
+  packed params itself (Bridge's get_rope_index).
 - per-token cross entropy on the loss tokens, packed vs alone, and the cosine of the gradient of the summed loss
   (every parameter's main_grad), packed vs the sum of the alone ones;
 - controls, forward only, measured on the loss tokens of each row's samples after the first (the only tokens a
@@ -54,8 +56,10 @@ TRAIN_STEPS = 40
 TRAIN_BUDGET_S = 100
 """Wall time a case may spend training before it is measured as it stands (the row says how many steps)."""
 TRAIN_LR = 3e-4
-PAD_MULTIPLES = (1, 64)
-"""Per-sample alignment padding of the packed row: none (what one GPU trains with) and a CP/FP8-like multiple."""
+STATIC_CAPACITY = 12288
+"""The static row's length (data.packing_static): longer than every compared row."""
+PACKINGS = {"": (1, False), "_pad64": (64, False), "_static": (1, True)}
+"""Metric suffix -> (per-sample alignment, static row): one GPU's own packing, a CP/FP8-like multiple, a static row."""
 RESULT = "equivalence.json"
 
 BASE = [
@@ -159,18 +163,19 @@ def p99(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
 
 
-def datasets(dataset_cfg: Any) -> tuple[Any, dict[int, Any]]:
-    """Bridge's DirectSFTDataset of the run's source twice over: samples collated alone (padded, as unpacked
-    training collates them) and packed into one THD row per call, for each alignment multiple in PAD_MULTIPLES."""
+def datasets(dataset_cfg: Any) -> tuple[Any, dict[str, Any]]:
+    """The run's samples collated alone (Bridge's DirectSFTDataset, padded, as unpacked training collates them) and
+    packed: for each of PACKINGS, a BinDataset whose collate packs the samples it is given as one bin."""
     from megatron.bridge.data.builders.direct_hf_sft import build_direct_hf_sft_split, load_direct_hf_sft_processor
 
+    from vlmtrain.data.bins import BinDataset
+
     processor = load_direct_hf_sft_processor(dataset_cfg, None)
-
-    def split(**fields: Any) -> Any:  # the length only bounds indexing; the examples are all the source's
-        return build_direct_hf_sft_split(dataclasses.replace(dataset_cfg, **fields), dataset_cfg.source, 1, processor)
-
-    packed = {m: split(enable_in_batch_packing=True, in_batch_packing_pad_to_multiple_of=m) for m in PAD_MULTIPLES}
-    return split(enable_in_batch_packing=False), packed
+    alone = build_direct_hf_sft_split(dataclasses.replace(dataset_cfg, enable_in_batch_packing=False),
+                                      dataset_cfg.source, 1, processor)  # the length only bounds indexing
+    packed = {k: BinDataset(alone._base_examples, [], 1, processor, STATIC_CAPACITY, static, align)
+              for k, (align, static) in PACKINGS.items()}
+    return alone, packed
 
 
 class Harness:
@@ -220,16 +225,16 @@ class Harness:
         out, _ = forward_step(self.state, iter([batch]), self.model)
         return out[0] if isinstance(out, tuple) else out
 
-    def loss_tokens(self, indices: list[int], pad: int | None, backward: bool,
+    def loss_tokens(self, indices: list[int], packing: str | None, backward: bool,
                     batch_of: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> list[Any]:
-        """Per-sample CE on its loss tokens: alone (pad None) or packed with alignment multiple `pad`; with
+        """Per-sample CE on its loss tokens: alone (packing None) or packed as PACKINGS[packing]; with
         `backward`, the summed loss is backpropagated into main_grad (no grad sync: one rank)."""
         import torch
 
         exs = [self.examples[i] for i in indices]
         out = []
         with torch.set_grad_enabled(backward), self.model.no_sync():
-            if pad is None:
+            if packing is None:
                 for ex in exs:
                     batch = self.alone.collate_fn([ex])
                     mask = batch["loss_mask"][0].bool()
@@ -238,7 +243,7 @@ class Harness:
                         (loss[: mask.numel()] * mask.cuda()).sum().backward()
                     out.append(loss[: mask.numel()][mask.cuda()].detach().float().cpu())
             else:
-                batch = self.packed[pad].collate_fn(exs)
+                batch = self.packed[packing].collate_fn([exs])
                 segs, mask = segments(batch), batch["loss_mask"][0].bool()
                 if batch_of is not None:
                     batch = batch_of(batch)
@@ -280,7 +285,7 @@ class Harness:
         for step in range(steps):
             self.zero()
             idx = [pool[(step * 3 + k) % len(pool)] for k in range(3)]
-            batch = self.packed[1].collate_fn([self.examples[i] for i in idx])
+            batch = self.packed[""].collate_fn([[self.examples[i] for i in idx]])
             mask = batch["loss_mask"][0].cuda()
             loss = (self.forward(batch, packed=True)[0] * mask).sum() / mask.sum()
             loss.backward()
@@ -292,23 +297,22 @@ class Harness:
 
 
 def compare(h: Harness, rows: list[list[int]]) -> dict[str, Any]:
-    """The metrics of one model state: packed vs alone per pad multiple, gradients, and both controls."""
+    """The metrics of one model state: packed (each of PACKINGS) vs alone, gradients, and the controls."""
     metrics: dict[str, Any] = {}
-    for pad in PAD_MULTIPLES:
+    for suffix in PACKINGS:
         diffs, cos = [], []
-        suffix = "" if pad == 1 else f"_pad{pad}"
         try:
             for row in rows:
                 h.zero()
                 alone = h.loss_tokens(row, None, backward=True)
                 stash = h.stash_grads()
                 h.zero()
-                packed = h.loss_tokens(row, pad, backward=True)
+                packed = h.loss_tokens(row, suffix, backward=True)
                 cos.append(h.grad_cosine(stash))
                 del stash
                 diffs += abs_diffs(packed, alone)
-        except Exception as e:  # an alignment multiple this TE build refuses: recorded, the others still measured
-            if pad == 1:
+        except Exception as e:  # a packing variant this TE build refuses: recorded, the others still measured
+            if not suffix:
                 raise
             metrics[f"error{suffix}"] = repr(e)[:500]
             continue
@@ -319,10 +323,10 @@ def compare(h: Harness, rows: list[list[int]]) -> dict[str, Any]:
     later: dict[str, list[float]] = {"packed": [], **{k: [] for k in (*CONTROLS, *CHECKS)}}
     for row in rows:
         alone = h.loss_tokens(row, None, backward=False)[1:]
-        base = h.loss_tokens(row, 1, backward=False)[1:]
+        base = h.loss_tokens(row, "", backward=False)[1:]
         later["packed"] += abs_diffs(base, alone)
         for kind in (*CONTROLS, *CHECKS):
-            broken = h.loss_tokens(row, 1, backward=False, batch_of=lambda b, k=kind: control_batch(b, k, h.rope))
+            broken = h.loss_tokens(row, "", backward=False, batch_of=lambda b, k=kind: control_batch(b, k, h.rope))
             later[kind] += abs_diffs(broken[1:], base)
     metrics["ce_mean_abs_diff_nats_later_samples"] = statistics.fmean(later.pop("packed"))
     metrics |= {f"control_ce_mean_abs_diff_nats_{k}": statistics.fmean(later[k]) for k in CONTROLS}
