@@ -2,10 +2,16 @@
 
     python benchmarks/resume_check.py --parallelism fsdp --gpu 0     # Megatron-FSDP, fsdp_dtensor checkpoints
     python benchmarks/resume_check.py --parallelism 3d --gpu 1       # 3D, torch_dist checkpoints
+    python benchmarks/resume_check.py --parallelism fsdp --packed    # packed (data.packing), and its data position
 
 Run A trains 12 steps uninterrupted. Run B is the same command with its own checkpoint_dir: it is killed with
 SIGKILL (whole process tree) once it has checkpointed step 4 and logged step 6, then relaunched unchanged; it
 must resume from the checkpoint and reproduce A's losses. Appends one row to results/resume.jsonl.
+
+The data position too: every run writes samples.jsonl (the sample indices of each step's micro-batches, per
+data-parallel rank). B's steps before its checkpoint (from the killed run) and from the checkpoint on (from the
+resumed run) must be exactly A's: the same samples at every step, none twice and none skipped. With --packed
+the row goes to results/reliability.jsonl (issue 25's data-position check).
 """
 
 from __future__ import annotations
@@ -29,8 +35,9 @@ from vlmtrain.observe import results  # noqa: E402
 TOLERANCE = 0.02  # max |loss difference|: BF16 + non-deterministic MoE/grouped-GEMM reductions
 
 
-def overrides(parallelism: str, ckpt: Path) -> list[str]:
+def overrides(parallelism: str, ckpt: Path, packed: bool = False) -> list[str]:
     return [
+        *(["data.packing=true"] if packed else []),
         "model=tiny",
         f"parallelism={parallelism}",
         "train.iterations=12",
@@ -62,6 +69,21 @@ def losses(run_dir: Path) -> dict[int, float]:
     return {r["step"]: r["lm_loss"] for r in results.read_jsonl(run_dir / "metrics.jsonl") if "lm_loss" in r}
 
 
+def samples(run_dir: Path) -> dict[tuple[int, int], list[list[int]]]:
+    """{(step, dp rank): that step's micro-batches' sample indices} from samples.jsonl."""
+    return {(r["step"], r["dp_rank"]): r["micro_batches"] for r in results.read_jsonl(run_dir / "samples.jsonl")}
+
+
+def data_position(a: dict, killed: dict, resumed: dict, checkpoint_step: int | None) -> dict[str, object]:
+    """B's samples (killed run before the checkpoint, resumed run from it) against A's, step by step."""
+    cut = checkpoint_step if checkpoint_step is not None else -1
+    b = {k: v for k, v in killed.items() if k[0] < cut} | {k: v for k, v in resumed.items() if k[0] >= cut}
+    mismatched = sorted(k[0] for k in set(a) | set(b) if a.get(k) != b.get(k))
+    ids = lambda rows: sorted(i for k in sorted(rows) for mb in rows[k] for i in mb)  # noqa: E731
+    return {"sample_steps_compared": len(a), "sample_steps_mismatched": mismatched,
+            "same_samples_overall": ids(a) == ids(b) and bool(a)}
+
+
 def kill_tree(proc: subprocess.Popen, run_dir: Path) -> None:
     """SIGKILL the launcher, torchrun and every rank: what a node failure or `kill -9` does."""
     with contextlib.suppress(ProcessLookupError):  # it may have died on its own: the check then fails below
@@ -75,11 +97,15 @@ def main() -> int:
     ap.add_argument("--parallelism", choices=["fsdp", "3d"], required=True)
     ap.add_argument("--gpu", type=int, default=0)
     ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "resume")
-    ap.add_argument("--results", type=Path, default=ROOT / "results" / "resume.jsonl")
+    ap.add_argument("--packed", action="store_true", help="data.packing=true; the row goes to reliability.jsonl")
+    ap.add_argument("--results", type=Path, default=None, help="default: results/resume.jsonl "
+                    "(results/reliability.jsonl with --packed)")
     a = ap.parse_args()
-    out = a.out / a.parallelism
-    run_a = launch(overrides(a.parallelism, out / "ckpt_a"), out / "a", a.gpu)
-    b_args = overrides(a.parallelism, out / "ckpt_b")
+    a.results = a.results or ROOT / "results" / ("reliability.jsonl" if a.packed else "resume.jsonl")
+    tag = f"{a.parallelism}_packed" if a.packed else a.parallelism
+    out = a.out / tag
+    run_a = launch(overrides(a.parallelism, out / "ckpt_a", a.packed), out / "a", a.gpu)
+    b_args = overrides(a.parallelism, out / "ckpt_b", a.packed)
     run_b = launch(b_args, out / "b_killed", a.gpu)
     marker = out / "ckpt_b" / "latest_checkpointed_iteration.txt"
     deadline = time.time() + 400
@@ -95,11 +121,13 @@ def main() -> int:
     la, lk, lr = losses(out / "a"), losses(out / "b_killed"), losses(out / "b_resumed")
     common = sorted(set(la) & set(lr))
     diff = max((abs(la[s] - lr[s]) for s in common), default=float("inf"))
-    ok = rc_a == 0 and rc_b == 0 and resumed_from is not None and common and min(lr) > 0 and diff <= TOLERANCE
+    position = data_position(samples(out / "a"), samples(out / "b_killed"), samples(out / "b_resumed"), resumed_from)
+    ok = rc_a == 0 and rc_b == 0 and resumed_from is not None and common and min(lr) > 0 and diff <= TOLERANCE \
+        and not position["sample_steps_mismatched"] and position["same_samples_overall"]
     cmd = "python train.py " + " ".join(b_args)
     results.append(
         a.results,
-        f"resume_{a.parallelism}_tiny_1gpu",
+        f"resume_{tag}_tiny_1gpu",
         cmd,
         {
             "killed_after_step": killed_at,
@@ -107,12 +135,14 @@ def main() -> int:
             "first_step_after_resume": min(lr, default=None),
             "max_abs_loss_diff": diff,
             "tolerance": TOLERANCE,
+            **position,
             "passed": bool(ok),
         },
         losses_uninterrupted=la,
         losses_before_kill=lk,
         losses_after_resume=lr,
-        runner=f"python benchmarks/resume_check.py --parallelism {a.parallelism} --gpu {a.gpu}",
+        runner=f"python benchmarks/resume_check.py --parallelism {a.parallelism} --gpu {a.gpu}"
+        + (" --packed" if a.packed else ""),
     )
     print(
         json.dumps(
@@ -121,6 +151,7 @@ def main() -> int:
                 "ok": bool(ok),
                 "diff": diff,
                 "resumed_from": resumed_from,
+                **position,
                 "killed_at": killed_at,
                 "a": la,
                 "resumed": lr,

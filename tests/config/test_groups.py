@@ -241,6 +241,16 @@ TABLE: list[tuple[list[str], dict[str, object]]] = [
         {"profiling.use_pytorch_profiler": True, "profiling.profile_step_start": 5, "profiling.profile_step_end": 6,
          "profiling.profile_ranks": [0], "profiling.pytorch_profiler_collect_callstack": True},
     ),
+    (  # Megatron's fatal NaN/Inf checks (loss per micro-batch, local grads before the DP reduce), no grad scaler
+        ["train.on_nonfinite=stop"],
+        {"rerun_state_machine.check_for_nan_in_loss": True, "ddp.check_for_nan_in_grad": True,
+         "optimizer.loss_scale": None},
+    ),
+    (  # skip: the checks off, Megatron's ConstantGradScaler(1.0) finds Inf/NaN grads and skips the update
+        ["train.on_nonfinite=skip"],
+        {"rerun_state_machine.check_for_nan_in_loss": False, "ddp.check_for_nan_in_grad": False,
+         "optimizer.loss_scale": 1.0},
+    ),
     (
         ["+bridge.model.moe_aux_loss_coeff=0.0", "+bridge.train.manual_gc_interval=7"],
         {"model.moe_aux_loss_coeff": 0.0, "train.manual_gc_interval": 7},
@@ -364,7 +374,8 @@ SWAPS = [
     ("kernels", ["kernels=default"], ["kernels=fast"]),
     ("vision", ["vision=trainable"], ["vision=frozen_with_projector"]),
     ("precision", ["precision=bf16"], ["precision=fp8", "precision.scaling=blockwise", "precision.router_dtype=fp64"]),
-    ("train", [], ["train.micro_batch_size=2", "train.iterations=7", "train.save_interval=5", "train.profile_step=3"]),
+    ("train", [], ["train.micro_batch_size=2", "train.iterations=7", "train.save_interval=5", "train.profile_step=3",
+                   "train.on_nonfinite=skip"]),
     ("model", ["model=tiny"], ["model=qwen3_vl_30b_a3b", "model.num_layers=4"]),
     ("data", ["data=mock"], ["data=sample"]),
     ("hardware", ["hardware=h200"], ["hardware=b200"]),

@@ -82,8 +82,15 @@ class SweepJob:
     """hydra.job.num once launched (None when skipped)."""
 
     @property
+    def shown(self) -> list[str]:
+        """The overrides as the table and preflight.json show them: secrets masked (vlmtrain.config.redact)."""
+        from vlmtrain.config import redact
+
+        return redact.redact_overrides(self.overrides)
+
+    @property
     def label(self) -> str:
-        return " ".join(filter_overrides(self.overrides)) or "(no overrides)"
+        return " ".join(filter_overrides(self.shown)) or "(no overrides)"
 
 
 class VlmtrainSweeper(BasicSweeper):
@@ -156,9 +163,13 @@ class VlmtrainSweeper(BasicSweeper):
         assert self.config is not None and self.launcher is not None
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
+        self.save_multirun_yaml(sweep_dir)
 
         jobs = [self.check(o) for o in self.expand(arguments)]
+        from vlmtrain.config import redact
+
+        # the launcher logs every job's overrides, through its module's logger
+        redact.mask_logs([o for j in jobs for o in j.overrides], [type(self.launcher).__module__])
         invalid = [j for j in jobs if not j.valid]
         abort = bool(invalid) and any(j.fail_sweep for j in invalid)
         groups = [] if abort else number_jobs(jobs)
@@ -187,6 +198,13 @@ class VlmtrainSweeper(BasicSweeper):
         if error is not None:
             self.end_with(error)
         return returns
+
+    def save_multirun_yaml(self, sweep_dir: Path) -> None:
+        """BasicSweeper's multirun.yaml, secrets masked like each job's .hydra/ files."""
+        from vlmtrain.config import redact
+
+        files = redact.hydra_files(self.config)
+        OmegaConf.save(OmegaConf.create({**files["config.yaml"], **files["hydra.yaml"]}), sweep_dir / "multirun.yaml")
 
     def end_with(self, error: HydraException) -> NoReturn:
         """Hydra skips on_multirun_end when the sweep raises: run it first, so callbacks (the sweep report) still
@@ -236,8 +254,8 @@ def number_jobs(jobs: list[SweepJob]) -> list[tuple[dict[str, Any], list[SweepJo
 def write_preflight(path: Path, jobs: list[SweepJob], launched: bool, preflight_only: bool = False) -> None:
     """preflight.json: the skipped jobs with their findings, and the launched jobs' overrides by job number."""
     out: dict[str, Any] = {
-        "skipped": [{"job": j.label, "overrides": j.overrides, "findings": j.findings} for j in jobs if not j.valid],
-        "launched": [j.overrides for j in sorted((j for j in jobs if j.valid), key=lambda j: j.num or 0)]
+        "skipped": [{"job": j.label, "overrides": j.shown, "findings": j.findings} for j in jobs if not j.valid],
+        "launched": [j.shown for j in sorted((j for j in jobs if j.valid), key=lambda j: j.num or 0)]
         if launched else [],
     }
     if preflight_only:
@@ -272,7 +290,9 @@ def failures(returns: Sequence[Sequence[JobReturn]]) -> SweepJobsFailed | None:
           + (f", {len(failed)} failed" if failed else ""), flush=True)
     if not failed:
         return None
-    lines = [f"  #{_num(r)} {' '.join(filter_overrides(r.overrides or []))}: "
+    from vlmtrain.config import redact
+
+    lines = [f"  #{_num(r)} {' '.join(filter_overrides(redact.redact_overrides(r.overrides or [])))}: "
              f"{type(r._return_value).__name__}: {r._return_value}" for r in failed]
     error = SweepJobsFailed(f"{len(failed)} of {len(results)} launched job(s) failed:\n" + "\n".join(lines))
     cause = failed[0]._return_value

@@ -62,7 +62,7 @@ def base_container(provider: Any) -> ConfigContainer:
             end_weight_decay=0.033,
             weight_decay_incr_style="constant",
         ),
-        ddp=DistributedDataParallelConfig(check_for_nan_in_grad=True, grad_reduce_in_fp32=True),
+        ddp=DistributedDataParallelConfig(grad_reduce_in_fp32=True),  # NaN checks: the train group
         dataset=None,  # type: ignore[arg-type]  # the data group sets it
         logger=LoggerConfig(log_interval=1, log_throughput=True, timing_log_level=1),
         tokenizer=TokenizerConfig(tokenizer_type="NullTokenizer", vocab_size=provider.vocab_size),

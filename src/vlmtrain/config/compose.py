@@ -16,13 +16,18 @@ CONF_DIR = Path(__file__).resolve().parents[3] / "conf"
 
 
 def _checkpoint_dir(output_dir: str, hydra: DictConfig) -> str:
-    """train.checkpoint_dir when unset. Single run: same command -> same checkpoints, so a relaunch resumes. Sweep
-    job: its own run dir (a requeued job keeps it; override_dirname holds only the swept values and would collide
-    across sweeps); so is a config composed outside a Hydra run (compose())."""
+    """train.checkpoint_dir when unset. Single run: same command -> same checkpoints, so a relaunch resumes; the
+    name is Hydra's override_dirname without the secret overrides (config.redact.override_dirname). Sweep job: its
+    own run dir (a requeued job keeps it; override_dirname holds only the swept values and would collide across
+    sweeps); so is a config composed outside a Hydra run (compose())."""
     from hydra.types import RunMode
 
+    from vlmtrain.config import redact
+
     if hydra.mode == RunMode.RUN:
-        return f"checkpoints/{hydra.job.override_dirname or 'default'}"
+        c = hydra.job.config.override_dirname
+        name = redact.override_dirname(list(hydra.overrides.task), list(c.exclude_keys), c.item_sep, c.kv_sep)
+        return f"checkpoints/{name or 'default'}"
     return f"{output_dir}/checkpoints"
 
 

@@ -6,10 +6,15 @@ has the word `secret`, `password`, `passwd`, `apikey` or `credential(s)` anywher
 of a secret environment variable: one whose name contains TOKEN, SECRET, PASSWORD, PASSWD, KEY or CREDENTIAL
 (WANDB_API_KEY, HF_TOKEN, ...) and whose value has at least 8 characters. So a secret passed in as
 `${oc.env:HF_TOKEN}` or pasted into a URL is caught by value.
+
+Command-line overrides are masked the same way (`+bridge.logger.comet_api_key=<redacted>`): Hydra's files, the
+sweep's preflight.json and table; and directory names are built from the overrides without the secret ones
+(`override_dirname`), since a credential is no part of a run's identity.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -107,6 +112,77 @@ def _mask_env(text: str, env: dict[str, str], masking: Masking) -> str:
         if value in text:
             text = text.replace(value, masking.env(name))
     return text
+
+
+def is_secret_override(line: str, environ: Mapping[str, str] | None = None) -> bool:
+    """`key=value` whose key names a secret (its last dotted part) or whose value holds a secret env value."""
+    key, sep, value = line.partition("=")
+    if not sep or not value:
+        return False
+    env = secret_env(os.environ if environ is None else environ)
+    return is_secret_name(key.lstrip("+~").split(".")[-1]) or _mask_env(value, env, PLAIN) != value
+
+
+def redact_overrides(lines: list[str] | tuple[str, ...], environ: Mapping[str, str] | None = None) -> list[str]:
+    """Hydra override lines with every secret value replaced by `<redacted>`."""
+    return [line.partition("=")[0] + "=" + REDACTED if is_secret_override(line, environ) else line
+            for line in lines]
+
+
+def override_dirname(overrides: list[str], exclude_keys: list[str], item_sep: str, kv_sep: str) -> str:
+    """Hydra's `hydra.job.override_dirname` (its own function, same settings) over the overrides that carry no
+    secret: the name of a checkpoint or sweep-job directory never holds a credential, and rotating a key keeps
+    the same directory."""
+    from hydra._internal.config_loader_impl import get_overrides_dirname
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    kept = [o for o in overrides if not is_secret_override(o)]
+    return get_overrides_dirname(OverridesParser.create().parse_overrides(kept), list(exclude_keys), item_sep, kv_sep)
+
+
+class LogFilter(logging.Filter):
+    """Masks given secret values (and secret env values) in every record of the logger it is on: Hydra's
+    launchers log each job's overrides (`#0 : ... +bridge.logger.comet_api_key=...`)."""
+
+    def __init__(self, values: list[str]):
+        super().__init__()
+        self.values = sorted({v for v in values if v}, key=len, reverse=True)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        masked = _mask_env(text, secret_env(os.environ), PLAIN)
+        for value in self.values:
+            masked = masked.replace(value, REDACTED)
+        if masked != text:
+            record.msg, record.args = masked, None
+        return True
+
+
+def mask_logs(overrides: list[str], logger_names: list[str]) -> None:
+    """The named loggers mask the values of the secret overrides from now on. On the logger itself, not its
+    handlers: Hydra reconfigures logging (new handlers) around every job, and leaves a logger's filters alone."""
+    values = [line.partition("=")[2] for line in overrides if is_secret_override(line)]
+    for name in logger_names:
+        logger = logging.getLogger(name)
+        for old in [f for f in logger.filters if isinstance(f, LogFilter)]:
+            logger.removeFilter(old)
+        logger.addFilter(LogFilter(values))
+
+
+def hydra_files(config: Any) -> dict[str, Any]:
+    """What Hydra's run_job writes into `<run dir>/.hydra/` (config.yaml, hydra.yaml, overrides.yaml, unresolved),
+    secrets masked: the task config and Hydra's own config with its override lists and override_dirname."""
+    from omegaconf import OmegaConf
+
+    tree = OmegaConf.to_container(config, resolve=False)
+    hydra = tree.pop("hydra")
+    task = list(hydra["overrides"]["task"])
+    for kind in ("task", "hydra"):
+        hydra["overrides"][kind] = redact_overrides(hydra["overrides"][kind])
+    c = hydra["job"]["config"]["override_dirname"]
+    hydra["job"]["override_dirname"] = override_dirname(task, c["exclude_keys"], c["item_sep"], c["kv_sep"])
+    return {"config.yaml": redact(tree), "hydra.yaml": {"hydra": redact(hydra)},
+            "overrides.yaml": hydra["overrides"]["task"]}
 
 
 def write_bridge_yaml(cfg: ConfigContainer, path: Path) -> None:

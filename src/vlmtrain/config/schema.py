@@ -85,9 +85,21 @@ def _gpus_per_node(*, _root_: DictConfig) -> int:
     return int(explicit) if explicit is not None else int(_root_.hardware.gpus_per_node)
 
 
+def _override_dirname(*, _root_: DictConfig) -> str:
+    """`${vlmtrain.override_dirname:}`: Hydra's override_dirname without the secret overrides (config.redact), for
+    the sweep-job directory names in conf/train.yaml."""
+    from vlmtrain.config import redact
+
+    h = _root_.hydra
+    c = h.job.config.override_dirname
+    return redact.override_dirname(list(h.overrides.task), list(c.exclude_keys), c.item_sep, c.kv_sep)
+
+
 def register_resolvers() -> None:
     if not OmegaConf.has_resolver("vlmtrain.gpus_per_node"):
         OmegaConf.register_new_resolver("vlmtrain.gpus_per_node", _gpus_per_node)
+    if not OmegaConf.has_resolver("vlmtrain.override_dirname"):
+        OmegaConf.register_new_resolver("vlmtrain.override_dirname", _override_dirname)
 
 
 def register() -> None:

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from vlmtrain.data.sample_ids import KEY
 from vlmtrain.data.scan import Problem, Report, cached, identity_key
 
 
@@ -69,7 +70,7 @@ def _scan(kind: str, path: Path, base: Path, out: Path, seq_length: int) -> Repo
             part["image"] = str(img)
             images.append((img, str(img)))
         if report.add(lineno, sample, images, seq_length):
-            rows.append({"conversation": conversation, "id": str(row.get("id", f"line {lineno}"))})
+            rows.append({"conversation": conversation, "id": str(row.get("id", f"line {lineno}")), KEY: len(rows)})
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
     tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -25,7 +25,7 @@ from PIL import Image, ImageFile
 from vlmtrain.data.realistic import COLLATE_MAX_TOKENS, COLLATE_MIN_TOKENS, TOKEN_PX
 
 #: Bump when what a scan checks changes: older cached reports are then ignored.
-SCAN_VERSION = 1
+SCAN_VERSION = 2  # 2: the checked copy's rows carry sample_index (vlmtrain.data.sample_ids)
 #: Bad samples quoted in a BadSample error (`vlmtrain data check` lists them all).
 QUOTED = 10
 

@@ -5,6 +5,12 @@ token/image counters and vlmtrain's FLOPs summed over the data-parallel group, u
 per-component times of global rank 0 (observe.timing: the first pipeline stage, the one that runs the ViT); and
 Megatron Bridge's own numbers under their own names (megatron_*), computed by Bridge's code. The last rank (it holds
 the loss on the last pipeline stage, and is the rank Bridge logs from) writes the file and the W&B run.
+
+Also per step: `samples.jsonl`, one row per data-parallel rank (written by that rank's first TP/CP rank of the
+first pipeline stage, from the ids the step counters took off its batches: no communication) with the sample
+indices of each of its micro-batches; `skipped_steps` (Bridge's skipped_iter: an update Megatron skipped under
+train.on_nonfinite=skip); and under on_nonfinite=stop a non-finite loss or grad norm that Megatron's own checks
+let through stops the run (observe.failure.NonFiniteStep).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ if TYPE_CHECKING:
     from vlmtrain.train.step_counters import StepCounters
 
 TIMING_RANK = 0
+SAMPLES_FILE = "samples.jsonl"
 TIMED = (*timing.COMPONENTS, "data_host_s")
 
 
@@ -77,8 +84,11 @@ class MetricsCallback(Callback):
         self.run, self.counters, self.timer = run, counters, timer
         self.resolved = resolved or resolve(run)
         self.path = Path(run.output_dir) / "metrics.jsonl"
+        self.samples_path = Path(run.output_dir) / SAMPLES_FILE
         self.t0 = 0.0
         self.wandb_run: Any = None
+        self.state: Any = None  # Bridge's GlobalState, from on_train_start: the step a failure record names
+        self.skipped_steps = 0
 
     def _is_writer(self) -> bool:
         import torch.distributed as dist
@@ -89,6 +99,7 @@ class MetricsCallback(Callback):
         from vlmtrain.data import prepare
         from vlmtrain.train import after_build
 
+        self.state = context.state
         self.skipped_samples = prepare.skipped_samples(self.run)  # bad samples the build's data scan dropped
         self.report = after_build.after_model_build(self.run, context)
         self.frozen_before = after_build.frozen_checksums(context.model)
@@ -144,6 +155,8 @@ class MetricsCallback(Callback):
         dist.all_reduce(peak, op=dist.ReduceOp.MAX)
         batch_size, stats = bridge_step_stats(context)
         peak_gib, step_s, *timed = peak.tolist()
+        self.skipped_steps += int(bool(getattr(context, "skipped_iter", False)))
+        self._write_samples(context)
         # This rank's host time in vlmtrain's per-step code (counting the batches, the step timer's hooks and CUDA
         # event marks, this callback up to here): what vlmtrain adds to every step on the host.
         host_s = self.counters.host_s + self.timer.host_s + time.perf_counter() - t_end
@@ -152,15 +165,43 @@ class MetricsCallback(Callback):
             return
         row = self._row(context, vec.tolist(), peak_gib, step_s)
         row["vlmtrain_host_s"] = host_s
+        self._stop_if_nonfinite(row)
         row.update(timing.row(dict(zip(TIMED, timed, strict=True)), step_s), data_host_s=timed[-1])
         row.update(megatron_numbers(context.state.cfg, batch_size, stats, step_s, dist.get_world_size()))
         append_jsonl(self.path, row)
         wandb_run.log_row(self.wandb_run, row)
 
+    def failing_step(self) -> int | None:
+        """The step in flight (metrics.jsonl's numbering), for a failure record."""
+        return None if self.state is None else int(self.state.train_state.step)
+
+    def _write_samples(self, context: Any) -> None:
+        """This data-parallel rank's row of samples.jsonl (one writer per DP rank: TP/CP rank 0, first stage)."""
+        from megatron.core import parallel_state as ps
+
+        ids = self.counters.sample_ids
+        if not any(i is not None for mb in ids for i in mb) or ps.get_tensor_model_parallel_rank() != 0 \
+                or ps.get_context_parallel_rank() != 0 or not ps.is_pipeline_first_stage(ignore_virtual=True):
+            return
+        append_jsonl(self.samples_path, {"step": context.state.train_state.step,
+                                         "dp_rank": ps.get_data_parallel_rank(), "micro_batches": ids})
+
+    def _stop_if_nonfinite(self, row: dict[str, Any]) -> None:
+        """on_nonfinite=stop: a loss or grad norm that is not finite ends the run here (written first)."""
+        import math
+
+        bad = {k: row[k] for k in ("lm_loss", "grad_norm") if k in row and not math.isfinite(row[k])}
+        if bad and self.run.train.on_nonfinite == "stop":
+            append_jsonl(self.path, row)
+            from vlmtrain.observe.failure import NonFiniteStep
+
+            raise NonFiniteStep(f"non-finite {', '.join(f'{k}={v}' for k, v in bad.items())} at step {row['step']}")
+
     def _row(self, context: Any, vals: list[float], peak_gib: float, step_s: float) -> dict[str, Any]:
         """Counters, vlmtrain FLOPs and throughput, losses and grad norm of this step."""
         row: dict[str, Any] = {"step": context.state.train_state.step, "step_s": step_s, "peak_mem_gib": peak_gib,
-                               "data_kind": str(self.run.data.kind), "skipped_samples": self.skipped_samples}
+                               "data_kind": str(self.run.data.kind), "skipped_samples": self.skipped_samples,
+                               "skipped_steps": self.skipped_steps}
         row.update({k: int(v) for k, v in zip(COUNTERS, vals[: len(COUNTERS)], strict=True)})
         flops_vit, flops_proj, flops_dec = vals[len(COUNTERS):]
         total = flops_vit + flops_proj + flops_dec

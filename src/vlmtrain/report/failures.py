@@ -1,9 +1,11 @@
-"""A job's outcome class (ok, OOM, NCCL timeout, crash, ...) and the log line that shows it."""
+"""A job's outcome class (ok, OOM, non-finite, NCCL timeout, crash, ...) and the log line or failure record that
+shows it (the record a stopping rank writes: vlmtrain.observe.failure)."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|CUBLAS_STATUS_ALLOC_FAILED")
 NCCL_TIMEOUT = re.compile(r"Watchdog caught collective operation timeout|ran for \d+ milliseconds before timing out")
@@ -59,10 +61,21 @@ def _matching_line(pattern: re.Pattern[str], text: str, last: bool = False) -> s
     return (hits[-1] if last else hits[0]) if hits else None
 
 
+def from_record(rec: dict[str, Any]) -> tuple[str, str]:
+    """(status, reason) from a failure record: the step, and the OOM's component and advice or the non-finite
+    step's samples and last good checkpoint."""
+    if rec.get("kind") == "oom":
+        return "oom", f"step {rec.get('step')}, in the {rec.get('component')} component. {rec.get('advice', '')}"
+    return "nonfinite", (f"step {rec.get('step')}: samples {rec.get('micro_batches')}; last good checkpoint "
+                         f"{rec.get('last_checkpoint')}")
+
+
 def classify(text: str, steps: int, expected_steps: int | None = None, dry_run: bool = False,
-             ended: bool | None = None) -> tuple[str, str]:
-    """(status, reason) of a job from its log text, how many metric rows it wrote and whether its end-of-training
-    checks ran (`ended`; None when unknown)."""
+             ended: bool | None = None, record: dict[str, Any] | None = None) -> tuple[str, str]:
+    """(status, reason) of a job from its failure record when it wrote one, else its log text, how many metric
+    rows it wrote and whether its end-of-training checks ran (`ended`; None when unknown)."""
+    if record is not None:
+        return from_record(record)
     if line := _matching_line(OOM, text, last=True):
         return "oom", line
     if line := _matching_line(NCCL_TIMEOUT, text):

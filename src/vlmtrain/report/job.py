@@ -26,6 +26,7 @@ SECTIONS = {
 STATUS = {
     "ok": "ok",
     "oom": "out of memory",
+    "nonfinite": "non-finite loss/gradient (stopped)",
     "skipped": "skipped by preflight",
     "nccl_timeout": "NCCL timeout",
     "crash": "crash",

@@ -10,6 +10,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from vlmtrain.config.groups import CHOSEN
+from vlmtrain.observe import failure
 from vlmtrain.observe.results import read_jsonl
 from vlmtrain.report.failures import classify, log_text
 from vlmtrain.report.job import Job, steady_metrics
@@ -49,8 +50,10 @@ def job_from_dir(job_dir: Path) -> Job:
               metrics=steady_metrics(rows), checks=checks or {}, data_kind=rows[0].get("data_kind") if rows else None)
     # MetricsCallback writes the after-training checks into checks.json in on_train_end
     ended = None if checks is None else "frozen_unchanged" in checks
+    records = failure.read(job_dir)
     job.status, job.reason = classify(log_text(job_dir), job.metrics.get("steps", 0), job.expected_steps,
-                                      dry_run=(job_dir / "bridge_config.yaml").exists(), ended=ended)
+                                      dry_run=(job_dir / "bridge_config.yaml").exists(), ended=ended,
+                                      record=records[0] if records else None)
     return job
 
 

@@ -2,7 +2,9 @@
 
 Counting happens on the collated CPU batch (no GPU sync); the metrics callback sums the counters over the
 data-parallel group once per logged step, so the numbers describe the whole global batch, not one rank's share.
-The same wrapped iterator marks the data wait on the step timeline (`data_wait`: vlmtrain.observe.timing's).
+The same wrapped iterator marks the data wait on the step timeline (`data_wait`: vlmtrain.observe.timing's), and
+takes each micro-batch's sample ids (vlmtrain.data.sample_ids) off the batch: `sample_ids` holds this step's, in
+order, for samples.jsonl and a failure record.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
+
+from vlmtrain.data.sample_ids import BATCH_KEY
 
 if TYPE_CHECKING:
     from vlmtrain.config.resolve import Resolved
@@ -34,11 +38,13 @@ class StepCounters:
         self.data_wait = data_wait
         self.image_token_id: int | None = None
         self.samples: list[dict[str, Any]] = []  # per-sample (nonpad length, patches per image) for FLOPs
+        self.sample_ids: list[list[int | None]] = []  # per micro-batch of this step: its samples' indices
         self.reset()
 
     def reset(self) -> None:
         self.totals = dict.fromkeys(COUNTERS, 0)
         self.samples = []
+        self.sample_ids = []
         self.host_s = 0.0  # host time spent counting (part of vlmtrain_host_s)
 
     def padded_length(self, raw_len: int) -> int:
@@ -101,6 +107,7 @@ class StepCounters:
                 with counters.data_wait():
                     batch = next(self.it)
                 t0 = time.perf_counter()
+                counters.sample_ids.append(batch.pop(BATCH_KEY, None) or [])
                 counters.count(batch)
                 counters.host_s += time.perf_counter() - t0
                 return batch

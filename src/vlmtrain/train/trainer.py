@@ -30,6 +30,7 @@ def train(run: RunConfig, counters: StepCounters, callbacks: list[Any]) -> None:
     cfg = container.build(run)
     after_build.before_launch(run, cfg)
     use_prebuilt_dataset_helpers()
+    bridge_patches.install_always()  # redaction before Bridge logs or saves the container; sample ids
     if paths := bridge_patches.install(run):
         print(f"[vlmtrain] kernels: Bridge code paths replaced: {', '.join(paths)}", flush=True)
     pretrain(cfg, counters.wrap(data.forward_step(run)), callbacks=callbacks)

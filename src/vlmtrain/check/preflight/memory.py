@@ -20,7 +20,8 @@ def _memory_verdict(run: RunConfig, lay: Layout) -> tuple[memory.MemoryBreakdown
     return b, b.total / run.hardware.memory_gib
 
 
-def _memory_message(run: RunConfig, res: Resolved, b: memory.MemoryBreakdown, verdict: str) -> str:
+def memory_message(run: RunConfig, res: Resolved, b: memory.MemoryBreakdown, verdict: str) -> str:
+    """The estimate's verdict, its largest parts and the overrides to try (preflight; an OOM's failure record)."""
     lay = res.layout
     c = run.choices
     fewer = "recompute=full"
@@ -49,11 +50,11 @@ def _memory_message(run: RunConfig, res: Resolved, b: memory.MemoryBreakdown, ve
 def memory_fits(run: RunConfig, res: Resolved) -> str | None:
     lay = res.layout
     b, frac = _memory_verdict(run, lay)
-    return _memory_message(run, res, b, "does not fit") if frac > 1.0 else None
+    return memory_message(run, res, b, "does not fit") if frac > 1.0 else None
 
 
 @rule(Severity.warning)
 def memory_headroom(run: RunConfig, res: Resolved) -> str | None:
     lay = res.layout
     b, frac = _memory_verdict(run, lay)
-    return _memory_message(run, res, b, f"is tight ({frac:.0%})") if 0.9 < frac <= 1.0 else None
+    return memory_message(run, res, b, f"is tight ({frac:.0%})") if 0.9 < frac <= 1.0 else None

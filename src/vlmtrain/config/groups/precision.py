@@ -19,6 +19,9 @@ What stays BF16 (stated, and settable):
 - the embedding, the output layer, norms and attention softmax (TE quantizes Linear GEMMs only).
 With any quantized format, MoE routing pads each expert's token count to the quantization block
 (moe_router_padding_for_quantization): TE's FP8/FP4 GEMMs need aligned row counts.
+The recipe's loss_scale is 1.0 under `train.on_nonfinite=skip` (a constant grad scaler, the one Megatron
+mechanism that skips an update with non-finite gradients; Bridge copies the recipe's loss_scale into the
+optimizer config, so this group, which owns the recipe, writes it).
 """
 
 from __future__ import annotations
@@ -168,6 +171,8 @@ def apply(run: RunConfig, cfg: ConfigContainer) -> None:
             setattr(mp, f"num_layers_at_{side}_in_bf16", count)
     if p.bf16_layers_at_start is not None or p.bf16_layers_at_end is not None:
         mp.first_last_layers_bf16 = bool(mp.num_layers_at_start_in_bf16 or mp.num_layers_at_end_in_bf16)
+    if run.train.on_nonfinite == "skip":  # Megatron's ConstantGradScaler: finds Inf/NaN grads, skips the update
+        mp.loss_scale = 1.0
     cfg.mixed_precision = mp
     cfg.model.moe_router_dtype = p.router_dtype
     cfg.model.moe_router_padding_for_quantization = quantized(run) and bool(run.model.num_experts)

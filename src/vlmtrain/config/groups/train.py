@@ -9,6 +9,14 @@
 | lr / min_lr        | optimizer.lr / optimizer.min_lr (cosine, warmup)     |
 | save_interval      | checkpoint.save, .load (checkpoint_dir), .save_interval |
 | profile_step       | profiling (PyTorch profiler), logger.tensorboard_dir  |
+| on_nonfinite       | rerun_state_machine.check_for_nan_in_loss, ddp.check_for_nan_in_grad |
+
+on_nonfinite: `stop` (default) keeps Megatron's checks on: a NaN/Inf loss (checked per micro-batch) or local
+gradient (checked per bucket before the data-parallel reduce) raises, and the worker stops the run with a record
+(vlmtrain.observe.failure). `skip` turns those fatal checks off and gives the optimizer a constant loss scale of 1.0
+(the precision group writes it: Megatron's ConstantGradScaler), so Megatron's optimizer finds the Inf/NaN in the
+reduced gradients and skips that step's update (Bridge's skipped_iter, counted in metrics.jsonl `skipped_steps`);
+it costs one host sync per step (the found-inf flag).
 
 Any other Bridge field: `+bridge.<section>.<field>=<value>` (applied through Bridge's own override parser,
 which rejects unknown fields).
@@ -17,6 +25,7 @@ which rejects unknown fields).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -41,8 +50,15 @@ OWNS = frozenset(
         "logger.log_interval",
         "profiling",
         "logger.tensorboard_dir",
+        "rerun_state_machine.check_for_nan_in_loss",
+        "ddp.check_for_nan_in_grad",
     }
 )
+
+
+class OnNonfinite(StrEnum):
+    stop = "stop"
+    skip = "skip"
 
 
 @dataclass
@@ -65,6 +81,10 @@ class TrainConfig:
     """Run Bridge's PyTorch profiler on this iteration (rank 0, Python call stacks): the trace lands in
     <run dir>/torch_profile/ and `vlmtrain profile <run dir>` says where that step's GPU and idle time went. The
     profiled step runs slower (tracing, then writing the trace). null = no profiler."""
+    on_nonfinite: OnNonfinite = OnNonfinite.stop
+    """stop: a NaN/Inf loss or gradient stops the run at once, naming the step, its samples and the last good
+    checkpoint (<run dir>/failure-rank<N>.json). skip: Megatron skips that step's update and the run goes on
+    (skipped_steps in metrics.jsonl)."""
 
 
 def apply(run: RunConfig, cfg: ConfigContainer) -> None:
@@ -83,6 +103,9 @@ def apply(run: RunConfig, cfg: ConfigContainer) -> None:
     cfg.checkpoint.load = ckpt
     cfg.checkpoint.save_interval = t.save_interval
     cfg.logger.log_interval = t.log_interval
+    stop = t.on_nonfinite == OnNonfinite.stop  # skip: the optimizer's constant loss scale finds them (precision)
+    cfg.rerun_state_machine.check_for_nan_in_loss = stop
+    cfg.ddp.check_for_nan_in_grad = stop
     cfg.profiling, cfg.logger.tensorboard_dir = None, None
     if t.profile_step is not None:
         from megatron.bridge.training.config import ProfilingConfig

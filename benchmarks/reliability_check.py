@@ -1,0 +1,38 @@
+"""The GPU reliability checks of issue 25 (secrets in a real run's checkpoint dir, NaN stop and skip, OOM record)
+on one GPU; one row per check in results/reliability.jsonl (vlmtrain.observe.bench.reliability says what each does).
+
+    python benchmarks/reliability_check.py [--only secrets,oom] [--out outputs/reliability]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from vlmtrain.observe import results  # noqa: E402
+from vlmtrain.observe.bench.reliability import CHECKS  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", default=",".join(CHECKS))
+    ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "reliability")
+    ap.add_argument("--results", type=Path, default=ROOT / "results" / "reliability.jsonl")
+    a = ap.parse_args()
+    ok = True
+    for name in a.only.split(","):
+        passed, metrics, cmd = CHECKS[name](a.out)
+        results.append(a.results, f"reliability_{name}_tiny_1gpu", cmd, {**metrics, "passed": passed},
+                       runner=f"python benchmarks/reliability_check.py --only {name}")
+        print(json.dumps({"check": name, "passed": passed, **metrics}, default=str), flush=True)
+        ok &= passed
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""A training run that must stop says why, once, in its log and in a record the report reads.
+
+- Non-finite loss or gradient (`train.on_nonfinite=stop`, the default): Megatron's own checks raise: the loss
+  function's `rerun_state_machine.validate_result` (rerun_state_machine.check_for_nan_in_loss: "Unexpected result
+  nan/inf") and the gradient buckets' check before the data-parallel reduce (ddp.check_for_nan_in_grad; Megatron-
+  FSDP's "Detected NaN or Inf in wgrad"); the metrics callback raises NonFiniteStep for a non-finite loss or grad
+  norm that got past them. The record names the step, the sample ids of this rank's micro-batches of that step
+  (vlmtrain.data.sample_ids; the last one is the micro-batch whose loss was checked when a loss check fired) and
+  the last checkpoint saved before it ("none" when there is none).
+- Out of memory (torch.OutOfMemoryError, or the CPU allocator's failure): the component the step timer was inside
+  (observe.timing: vision / projector / decoder / optimizer / data / other) and the memory estimate's verdict with
+  its suggested overrides (check.preflight.memory, the text preflight prints for memory_fits).
+
+Each failing rank writes `<run dir>/failure-rank<N>.json`; `read()` returns them for the report.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vlmtrain.config.schema import RunConfig
+
+RECORD_GLOB = "failure-rank*.json"
+EXIT = {"nonfinite": 4, "oom": 5}
+"""The process exit status of each kind (the launcher passes it on)."""
+MEGATRON_NONFINITE = re.compile(r"Unexpected result (?:tensor\()?[-+]?(?:nan|inf)|Detected NaN or Inf in wgrad",
+                                re.IGNORECASE)
+CPU_OOM = "DefaultCPUAllocator: can't allocate memory"
+
+
+class NonFiniteStep(RuntimeError):
+    """A step whose loss or grad norm is not finite (raised by the metrics callback under on_nonfinite=stop)."""
+
+
+def kind(error: BaseException) -> str | None:
+    """"nonfinite", "oom" or None (any other error: not ours to describe)."""
+    import torch
+
+    if isinstance(error, torch.OutOfMemoryError) or CPU_OOM in str(error):
+        return "oom"
+    if isinstance(error, NonFiniteStep) or MEGATRON_NONFINITE.search(str(error)):
+        return "nonfinite"
+    return None
+
+
+def last_checkpoint(save_dir: str | None) -> str:
+    """The newest checkpoint Bridge finished writing in `save_dir` (its tracker file), else "none"."""
+    if not save_dir:
+        return "none"
+    from megatron.bridge.training.utils.checkpoint_utils import get_checkpoint_name, get_checkpoint_tracker_filename
+
+    tracker = Path(get_checkpoint_tracker_filename(save_dir))
+    if not tracker.is_file():
+        return "none"
+    return get_checkpoint_name(save_dir, int(tracker.read_text().strip()), release=False)
+
+
+def oom_advice(run: RunConfig) -> str:
+    """The memory estimate's verdict and the overrides it suggests (the memory_fits message)."""
+    from vlmtrain.check import memory
+    from vlmtrain.check.preflight.memory import memory_message
+    from vlmtrain.config.resolve import resolve
+
+    return memory_message(run, resolve(run), memory.estimate(run), "ran out of memory")
+
+
+def record(run: RunConfig, error: BaseException, *, rank: int, step: int | None,
+           micro_batches: list[list[int | None]], component: str) -> dict[str, Any] | None:
+    """Write this rank's failure record for a non-finite or OOM `error`; None (nothing written) for any other."""
+    found = kind(error)
+    if found is None:
+        return None
+    rec: dict[str, Any] = {"kind": found, "rank": rank, "step": step,
+                           "error": f"{type(error).__name__}: {error}"[:2000],
+                           "last_checkpoint": last_checkpoint(run.train.checkpoint_dir if run.train.save_interval
+                                                              else None)}
+    if found == "nonfinite":
+        rec.update(micro_batches=micro_batches, on_nonfinite=run.train.on_nonfinite)
+    else:
+        rec.update(component=component, advice=oom_advice(run))
+    path = Path(run.output_dir) / f"failure-rank{rank}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(rec, indent=1) + "\n")
+    rec["path"] = str(path)
+    return rec
+
+
+def message(rec: dict[str, Any]) -> str:
+    """One paragraph for the log."""
+    where = f"step {rec['step']} on rank {rec['rank']}"
+    if rec["kind"] == "nonfinite":
+        ids = rec["micro_batches"]
+        return (f"[vlmtrain] STOPPED: non-finite loss or gradient at {where} ({rec['error'][:300]}). This rank's "
+                f"micro-batches of that step held samples {ids} (sample_index: rows of the prepared dataset; "
+                f"samples.jsonl lists every step's), the last one being the one whose loss was checked. "
+                f"Last good checkpoint: {rec['last_checkpoint']}. Relaunching the same command resumes from it; "
+                f"train.on_nonfinite=skip skips such steps instead. Record: {rec['path']}.")
+    return (f"[vlmtrain] STOPPED: out of memory at {where} while in the {rec['component']} component "
+            f"({rec['error'][:300]}). Memory estimate: {rec['advice']} Record: {rec['path']}.")
+
+
+def read(run_dir: str | Path) -> list[dict[str, Any]]:
+    """Every failure record a run wrote, by rank."""
+    out = []
+    for path in sorted(Path(run_dir).glob(RECORD_GLOB)):
+        try:
+            out.append(json.loads(path.read_text()))
+        except ValueError:
+            continue
+    return out

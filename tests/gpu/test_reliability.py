@@ -1,0 +1,21 @@
+"""The reliability checks on one GPU (vlmtrain.observe.bench.reliability): no planted secret in a real run's files
+or checkpoint dir, a NaN loss stops the run with its record (or is skipped and counted), a CUDA OOM names its
+component and the estimate's overrides. `pytest -m gpu tests/gpu/test_reliability.py`; the same checks with rows in
+results/reliability.jsonl: `python benchmarks/reliability_check.py`."""
+
+from __future__ import annotations
+
+import pytest
+
+from vlmtrain.config.world import local_gpus
+from vlmtrain.observe.bench.reliability import CHECKS
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("name", list(CHECKS))
+def test_check(name, tmp_path):
+    if local_gpus() < 1:
+        pytest.skip("needs a GPU")
+    passed, metrics, cmd = CHECKS[name](tmp_path)
+    assert passed, f"{cmd}: {metrics}"
