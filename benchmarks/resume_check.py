@@ -2,7 +2,7 @@
 
     python benchmarks/resume_check.py --parallelism fsdp --gpu 0     # Megatron-FSDP, fsdp_dtensor checkpoints
     python benchmarks/resume_check.py --parallelism 3d --gpu 1       # 3D, torch_dist checkpoints
-    python benchmarks/resume_check.py --parallelism fsdp --packed    # packed (data.packing), and its data position
+    python benchmarks/resume_check.py --parallelism fsdp --packed    # packed (data.packing=1024), its data position
 
 Run A trains 12 steps uninterrupted. Run B is the same command with its own checkpoint_dir: it is killed with
 SIGKILL (whole process tree) once it has checkpointed step 4 and logged step 6, then relaunched unchanged; it
@@ -33,11 +33,15 @@ sys.path.insert(0, str(ROOT / "src"))
 from vlmtrain.observe import results  # noqa: E402
 
 TOLERANCE = 0.02  # max |loss difference|: BF16 + non-deterministic MoE/grouped-GEMM reductions
+PACKING = 1024
+"""--packed: rows of <= 1024 tokens; the default data's 16 samples (the longest 999 tokens) fill 8 bins of 1 to 3
+samples, so the 12 steps of 8 rows (train.global_batch_size counts rows) take 96 items of 8 bins (item i is bin
+i % 8): every bin many times, in the sampler's order, which the data-position check compares."""
 
 
 def overrides(parallelism: str, ckpt: Path, packed: bool = False) -> list[str]:
     return [
-        *(["data.packing=true"] if packed else []),
+        *([f"data.packing={PACKING}", "train.micro_batch_size=1"] if packed else []),
         "model=tiny",
         f"parallelism={parallelism}",
         "train.iterations=12",
@@ -97,7 +101,8 @@ def main() -> int:
     ap.add_argument("--parallelism", choices=["fsdp", "3d"], required=True)
     ap.add_argument("--gpu", type=int, default=0)
     ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "resume")
-    ap.add_argument("--packed", action="store_true", help="data.packing=true; the row goes to reliability.jsonl")
+    ap.add_argument("--packed", action="store_true",
+                    help=f"data.packing={PACKING} (MBS 1, GBS 8 rows); the row goes to reliability.jsonl")
     ap.add_argument("--results", type=Path, default=None, help="default: results/resume.jsonl "
                     "(results/reliability.jsonl with --packed)")
     a = ap.parse_args()

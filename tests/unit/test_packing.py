@@ -97,7 +97,7 @@ def test_a_bin_collates_as_bridge_packs_its_samples(compose, bridge, tmp_path, t
     from megatron.bridge.training import vlm_step
 
     from vlmtrain.config.groups import data
-    from vlmtrain.data import bins
+    from vlmtrain.data import bins, sample_ids
 
     run, cfg, train = _dataset(compose, tmp_path, _cache(tmp_path_factory))
     assert cfg.train.micro_batch_size == 1 and cfg.model.seq_length == CAP and not cfg.dataset.static
@@ -108,7 +108,8 @@ def test_a_bin_collates_as_bridge_packs_its_samples(compose, bridge, tmp_path, t
     assert item == [examples[i] for i in packed.bins[1]] and len(item) >= 2
     batch = train.collate_fn([item])
     ref = qwen2_5_collate_fn(item, train.processor, sequence_length=CAP, enable_in_batch_packing=True)
-    assert batch.keys() == ref.keys()
+    assert batch.keys() == ref.keys() | {sample_ids.BATCH_KEY}  # and the row's sample ids, in row order
+    assert batch[sample_ids.BATCH_KEY] == packed.bins[1]
     for key, value in ref.items():
         if isinstance(value, torch.Tensor):
             assert torch.equal(batch[key], value), key

@@ -11,7 +11,8 @@ In training, one dataset item is one bin and one micro-batch is one bin (Bridge 
 `PackedBinsDatasetConfig` builds the examples with Bridge's own loader, and its collate hands the bin's samples to
 Bridge's `qwen2_5_collate_fn` with `enable_in_batch_packing=True`, so the row is exactly Bridge's packed row. With
 `static`, the row is then padded to the capacity: one span at its end that belongs to the last sample's padded
-segment (`cu_seqlens_q_padded`), labels IGNORE and loss_mask 0, so every micro-batch has the same shape.
+segment (`cu_seqlens_q_padded`), labels IGNORE and loss_mask 0, so every micro-batch has the same shape. The row
+also carries its samples' `sample_index` under `sample_ids` (vlmtrain.data.sample_ids), in row order.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 from megatron.bridge.data.base import DatasetBuildContext, DatasetProvider
 from megatron.bridge.data.sources.hf import HFDatasetSourceConfig
 
+from vlmtrain.data import sample_ids
 from vlmtrain.data.scan import BadSample
 
 #: Bump when how a length is counted changes: cached lengths are then recomputed.
@@ -195,7 +197,7 @@ def pad_row_to(batch: dict[str, Any], capacity: int) -> dict[str, Any]:
 
 class BinDataset:
     """Bridge-facing dataset: item i is bin i (wrapping around, as Bridge's DirectSFTDataset wraps samples), and
-    `collate_fn` packs a micro-batch of bins into one row through Bridge's Qwen collate."""
+    `collate_fn` packs a micro-batch of bins into one row through Bridge's Qwen collate, with the row's sample ids."""
 
     def __init__(self, examples: list[dict[str, Any]], bins: list[list[int]], length: int, processor: Any,
                  capacity: int, static: bool, align: int):
@@ -211,10 +213,12 @@ class BinDataset:
     def collate_fn(self, items: list[list[dict[str, Any]]]) -> dict[str, Any]:
         from megatron.bridge.models.qwen_vl.data.collate_fn import qwen2_5_collate_fn
 
-        batch = qwen2_5_collate_fn([e for item in items for e in item], self.processor,
-                                   sequence_length=self.capacity, enable_in_batch_packing=True,
-                                   in_batch_packing_pad_to_multiple_of=self.align)
-        return pad_row_to(batch, self.capacity) if self.static else batch
+        examples = [e for item in items for e in item]
+        batch = qwen2_5_collate_fn(examples, self.processor, sequence_length=self.capacity,
+                                   enable_in_batch_packing=True, in_batch_packing_pad_to_multiple_of=self.align)
+        batch = pad_row_to(batch, self.capacity) if self.static else batch
+        batch[sample_ids.BATCH_KEY] = sample_ids.ids(examples)
+        return batch
 
 
 @dataclass(kw_only=True)

@@ -4,7 +4,8 @@ The checked copy the scan writes (vlmtrain.data.jsonl: data=sample, realistic, j
 `sample_index`, its row number there: stable across runs and resumes, since Megatron's sampler hands out dataset
 indices and Bridge's DirectSFTDataset maps index i to row i % rows. Bridge keeps extra columns as example metadata,
 and `with_sample_ids` wraps a dataset's collate so the collated batch carries its examples' indices under
-`sample_ids` (host ints, built in the loader worker: no GPU work). Other kinds carry none (None per sample).
+`sample_ids` (host ints, built in the loader worker: no GPU work). A packed run's dataset (vlmtrain.data.bins)
+reads the same examples and puts its bin's ids there itself (`ids`). Other kinds carry none (None per sample).
 """
 
 from __future__ import annotations
@@ -16,12 +17,17 @@ KEY = "sample_index"
 BATCH_KEY = "sample_ids"
 
 
+def ids(examples: list[dict[str, Any]]) -> list[int | None]:
+    """Each example's `sample_index` (None where the source has none), in order."""
+    return [ex.get(KEY) for ex in examples]
+
+
 def with_sample_ids(collate: Callable[[list[dict[str, Any]]], dict[str, Any]]) -> Callable[..., dict[str, Any]]:
     """`collate`, whose batch also holds `sample_ids`: each example's `sample_index`, in batch order."""
 
     def collate_with_ids(examples: list[dict[str, Any]]) -> dict[str, Any]:
         batch = collate(examples)
-        batch[BATCH_KEY] = [ex.get(KEY) for ex in examples]
+        batch[BATCH_KEY] = ids(examples)
         return batch
 
     return collate_with_ids
