@@ -77,6 +77,8 @@ def main(args: argparse.Namespace) -> int:
             "gpu_min_with_comparison": state["gpu_min"], "trials": len(state["trials"]),
             "pruned": sum(len(st["pruned"]) for st in state["stages"])},
             config=[*sp.base, *winner["overrides"]], versus=versus, preset=str(preset), tune_dir=str(out))
+    if args.plan:
+        return 0
     if state.get("stopped") and not state["stopped"]["final"]:
         return PAUSED
     return 0 if winner else 1
