@@ -22,7 +22,7 @@ from vlmtrain.config.compose import CONF_DIR
 SPEC_DIR = CONF_DIR / "tune"
 LAYOUT = re.compile(r"^(fsdp|3d)((?:-(?:tp|pp|vpp|cp|ep|etp)\d+)*)$")
 TOP_KEYS = frozenset({"base", "knobs", "defaults", "prefix", "sweeps", "stages", "finalists", "early_stop",
-                      "claims", "best", "tie", "mock_pair", "gpus", "iterations", "case_s", "results", "title",
+                      "claims", "best", "tie", "mock_pair", "gpus", "iterations", "case_s", "results",
                       "packed", "kernels_best"})
 
 

@@ -49,10 +49,6 @@ class Outcome:
     def useful(self) -> float | None:
         return self.metrics.get("useful_tokens_per_s_per_gpu")
 
-    @property
-    def gpu_s(self) -> float:
-        return self.wall_s * self.gpus
-
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
