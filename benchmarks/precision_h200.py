@@ -5,12 +5,14 @@
     python benchmarks/precision_h200.py summarize                          # medians, ratios, parity -> rows
 
 Every run is `python train.py` on the 30B-A3B layer shapes at 4 decoder layers, real images (data=realistic),
-MBS 1, GBS 1, the same seed and data order for every recipe, run one after another (never side by side). Run dirs
-go under outputs/precision/<mode>/<recipe>-<i> (case.json: rc, command and the GPU machine); `summarize` (on
-any machine) appends to results/precision_h200.jsonl one row per
-run and one summary row per recipe: the median of its runs' steady step_s / useful tokens/s with the min-max
-spread, the speed ratio against BF16's median, the peak memory, and the loss parity of its 100-step run against
-BF16's: the largest absolute difference of the two loss curves after a centred moving average (PARITY_WINDOW).
+MBS 1, GBS 1, the same seed and data order for every recipe, one run after another. Run dirs go under
+outputs/precision/<lease>/<mode>/<recipe>-<i> (case.json: rc, command, the GPU machine and the lease: the machine's
+boot id, one per lent machine); `summarize` (on any machine) appends to results/precision_h200.jsonl one row per
+run and one summary row per recipe and lease: the median of its speed runs' steady step_s / useful tokens/s with
+the min-max spread, the speed ratio against BF16's median on the same lease and samples, the peak memory of all
+its runs, and the loss parity
+of its 100-step run against BF16's: the largest absolute difference of the two loss curves after a centred moving
+average (PARITY_WINDOW).
 """
 
 from __future__ import annotations
@@ -40,8 +42,16 @@ PARITY_TOLERANCE_NATS = 0.05
 (~4.5 nats) these runs reach at step 100."""
 
 
+def lease() -> str:
+    """This machine's boot id: a lent GPU machine is booted fresh, so runs with the same id share a lease."""
+    try:
+        return "lease-" + Path("/proc/sys/kernel/random/boot_id").read_text().strip()[:8]
+    except OSError:
+        return "lease-unknown"
+
+
 def run_case(mode: str, recipe: str, i: int) -> dict[str, object]:
-    run_dir = OUT / mode / f"{recipe}-{i}"
+    run_dir = OUT / lease() / mode / f"{recipe}-{i}"
     overrides = [*BASE, *RECIPES[recipe], f"train.iterations={STEPS[mode]}"]
     cmd = [sys.executable, str(ROOT / "train.py"), *overrides, f"hydra.run.dir={run_dir}"]
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -50,7 +60,7 @@ def run_case(mode: str, recipe: str, i: int) -> dict[str, object]:
         rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
                             env=dict(os.environ, PYTHONUNBUFFERED="1")).returncode
     meta = {"mode": mode, "recipe": recipe, "i": i, "rc": rc, "wall_s": round(time.time() - t0, 1),
-            "command": "python train.py " + " ".join(overrides), "machine": results.machine()}
+            "command": "python train.py " + " ".join(overrides), "machine": results.machine(), "lease": lease()}
     (run_dir / "case.json").write_text(json.dumps(meta))
     print(f"[precision] {mode} {recipe} #{i}: rc {rc}, {meta['wall_s']} s", flush=True)
     return meta
@@ -66,42 +76,70 @@ def parity(a: list[float], b: list[float]) -> float:
     return max(abs(x - y) for x, y in zip(smoothed(a[:n]), smoothed(b[:n]), strict=True))
 
 
-def summarize(path: Path, commit: str) -> None:
-    runs: dict[str, list[tuple[dict, dict, list[float]]]] = {}
-    for case in sorted(OUT.glob("*/*/case.json")):
+FIRST_LEASE = "lease-1"
+"""The lease of the runs made before case.json recorded one (all on one lease of 2026-12-01)."""
+
+
+def steady_tokens(run_dir: Path) -> int:
+    """Real tokens of the steps a summary counts: equal for two runs only if they trained on the same samples."""
+    return sum(r.get("nonpad_tokens", 0) for r in results.steady(results.read_jsonl(run_dir / "metrics.jsonl")))
+
+
+def summarize(path: Path, commit: str, leases: list[str] | None = None, run_rows: bool = True) -> None:
+    """Rows for the runs (unless not `run_rows`) and the per-recipe summaries of `leases` (default all). Speed
+    comes from the speed runs only: the data order follows train.iterations, so a 100-step parity run trains on
+    other samples in its first steps than a 10-step run, and equal useful work means equal iterations. The BF16
+    loss curve for parity is read from any lease (the loss does not depend on the machine)."""
+    runs: dict[tuple[str, str], list[tuple[dict, dict, list[float]]]] = {}
+    for case in sorted(OUT.glob("**/case.json")):
         meta = json.loads(case.read_text())
+        meta.setdefault("lease", FIRST_LEASE)
         rows = results.read_jsonl(case.parent / "metrics.jsonl") if (case.parent / "metrics.jsonl").exists() else []
-        summary = results.summarize(case.parent) if rows else {}
+        summary = {**results.summarize(case.parent), "steady_nonpad_tokens": steady_tokens(case.parent)} if rows else {}
         losses = [r["lm_loss"] for r in rows if isinstance(r.get("lm_loss"), int | float)]
-        runs.setdefault(meta["recipe"], []).append((meta, summary, losses))
-        results.append(path, f"30b-shape-l4_{meta['recipe']}_{meta['mode']}-{meta['i']}", meta["command"],
-                       {"rc": meta["rc"], **summary}, commit=commit, wall_s=meta["wall_s"], machine=meta["machine"])
+        runs.setdefault((meta["lease"], meta["recipe"]), []).append((meta, summary, losses))
+        if run_rows and (not leases or meta["lease"] in leases):
+            name = f"30b-shape-l4_{meta['recipe']}_{meta['mode']}-{meta['i']}"
+            results.append(path, name if meta["lease"] == FIRST_LEASE else f"{name}_{meta['lease']}",
+                           meta["command"], {"rc": meta["rc"], **summary}, commit=commit, wall_s=meta["wall_s"],
+                           machine=meta["machine"], lease=meta["lease"])
     # a run stopped before its last step (rc != 0) still counts with the steps it made; the row says so
-    ok = {r: [(m, s, losses) for m, s, losses in v if s.get("steps", 0) > results.SKIP] for r, v in runs.items()}
-    base_loss = next((losses for m, _, losses in ok.get("bf16", []) if m["mode"] == "parity"), None)
-    bf16 = ok.get("bf16") or []
-    base_rate = statistics.median(s["useful_tokens_per_s_per_gpu"] for _, s, _ in bf16) if bf16 else None
-    for recipe, done in ok.items():
-        if not done:
+    ok = {k: [(m, s, losses) for m, s, losses in v if s.get("steps", 0) > results.SKIP] for k, v in runs.items()}
+    base_loss = next((losses for (_, r), v in ok.items() if r == "bf16" for m, _, losses in v
+                      if m["mode"] == "parity"), None)
+    for (where, recipe), done in ok.items():
+        if leases and where not in leases:
             continue
-        rates = [s["useful_tokens_per_s_per_gpu"] for _, s, _ in done]
-        steps = [s["step_s"] for _, s, _ in done]
-        metrics = {"runs": len(done), "incomplete_runs": sum(m["rc"] != 0 for m, _, _ in done),
-                   "useful_tokens_per_s_per_gpu": statistics.median(rates),
-                   "useful_tokens_per_s_per_gpu_min": min(rates), "useful_tokens_per_s_per_gpu_max": max(rates),
-                   "step_s": statistics.median(steps), "step_s_min": min(steps), "step_s_max": max(steps),
-                   "peak_mem_gib": max(s["peak_mem_gib"] for _, s, _ in done),
-                   "mfu": statistics.median(s["mfu"] for _, s, _ in done),
-                   "mfu_precision_peak": statistics.median(s["mfu_precision_peak"] for _, s, _ in done)}
-        if base_rate:
-            metrics["speed_ratio_vs_bf16"] = metrics["useful_tokens_per_s_per_gpu"] / base_rate
+        metrics = {"peak_mem_gib": max(s["peak_mem_gib"] for _, s, _ in done)}
+        metrics |= speed([s for m, s, _ in done if m["mode"] == "speed"],
+                         [s for m, s, _ in ok.get((where, "bf16"), []) if m["mode"] == "speed"])
         mine = next((losses for m, _, losses in done if m["mode"] == "parity"), None)
         if base_loss and mine and recipe != "bf16":
             metrics.update(loss_parity_max_abs_diff_nats=parity(base_loss, mine), parity_steps=min(len(base_loss),
                            len(mine)), parity_window=PARITY_WINDOW, parity_tolerance_nats=PARITY_TOLERANCE_NATS)
-        results.append(path, f"30b-shape-l4_{recipe}_summary", "python benchmarks/precision_h200.py summarize",
-                       metrics, commit=commit, recipe=recipe, machine=done[0][0]["machine"])
-        print(f"[precision] {recipe}: {json.dumps(metrics)}", flush=True)
+        name = f"30b-shape-l4_{recipe}_summary"
+        results.append(path, name if where == FIRST_LEASE else f"{name}_{where}",
+                       "python benchmarks/precision_h200.py summarize", metrics, commit=commit, recipe=recipe,
+                       machine=done[0][0]["machine"], lease=where)
+        print(f"[precision] {recipe} ({where}): {json.dumps(metrics)}", flush=True)
+
+
+def speed(timed: list[dict], bf16: list[dict]) -> dict[str, object]:
+    """Median and min-max of the speed runs, and the ratio to BF16's median on the same lease and samples."""
+    if not timed:
+        return {}
+    rates = [s["useful_tokens_per_s_per_gpu"] for s in timed]
+    steps = [s["step_s"] for s in timed]
+    out: dict[str, object] = {
+        "speed_runs": len(timed), "useful_tokens_per_s_per_gpu": statistics.median(rates),
+        "useful_tokens_per_s_per_gpu_min": min(rates), "useful_tokens_per_s_per_gpu_max": max(rates),
+        "step_s": statistics.median(steps), "step_s_min": min(steps), "step_s_max": max(steps),
+        "mfu": statistics.median(s["mfu"] for s in timed),
+        "mfu_precision_peak": statistics.median(s["mfu_precision_peak"] for s in timed)}
+    if bf16 and {s["steady_nonpad_tokens"] for s in timed} == {s["steady_nonpad_tokens"] for s in bf16}:
+        out["speed_ratio_vs_bf16"] = out["useful_tokens_per_s_per_gpu"] / statistics.median(
+            s["useful_tokens_per_s_per_gpu"] for s in bf16)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,11 +147,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("mode", choices=["parity", "speed", "summarize"])
     ap.add_argument("--only", nargs="*", default=list(RECIPES))
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--lease", nargs="*", help="summarize: write rows for these leases only")
+    ap.add_argument("--summaries-only", action="store_true", help="summarize: no per-run rows")
     ap.add_argument("--results", type=Path, default=ROOT / "results" / "precision_h200.jsonl")
     ap.add_argument("--commit", default=os.environ.get("VLMTRAIN_COMMIT", "unknown"))
     args = ap.parse_args(argv)
     if args.mode == "summarize":
-        summarize(args.results, args.commit)
+        summarize(args.results, args.commit, args.lease, run_rows=not args.summaries_only)
         return 0
     metas = [run_case(args.mode, r, i) for i in range(args.repeats) for r in args.only]
     return int(any(m["rc"] for m in metas))

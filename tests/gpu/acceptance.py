@@ -76,7 +76,7 @@ CASES: list[Case] = [
     Case("235b-l1_realistic", SHAPE_235B, exclusive=True),
     # the kernels group on Qwen3.5: CUTLASS experts, fused router, TE cross entropy and RoPE, host ViT positions
     Case("qwen35-l4_kernels-fast", [*SHAPE_35, "kernels=fast"]),
-    Case("qwen35-l4_packing_refused", [*SHAPE_35, "data.packing=true"], expect_rc=1,
+    Case("qwen35-l4_packing_refused", [*SHAPE_35, "data.packing=8192"], expect_rc=1,
          expect={"message": "qwen35_packing_unverified"}),
 ]
 

@@ -149,7 +149,6 @@ def test_phases_add_up(compose):
     (["parallelism=3d", "parallelism.pp=2", "parallelism.ep=1", "gpus_per_node=2"], True),
     (["gpus_per_node=1", "cuda_graph=moe_router_preprocess", "parallelism=3d"], True),
     (["gpus_per_node=1", "data.pad_to_max_length=true"], True),
-    (["gpus_per_node=2", "data.packing=true", "train.micro_batch_size=2"], False),  # EP2, but packed: real tokens
 ])
 def test_padding_rule_matches_the_step_counters(compose, overrides, pads):
     from contextlib import nullcontext
@@ -206,7 +205,22 @@ def test_plan_shows_the_memory_section(compose):
     assert "memory:" in text and "headroom" in text and "DOES NOT FIT" in text
     assert "fits" in plan.render(compose(), None, [], "n/a").split("memory:")[1]
     packed = plan.render(compose("experiment=perf_h200x2_best"), None, [], "n/a").split("memory:")[1]
-    assert "packed micro-batches hold only real tokens" in packed and "DOES NOT FIT at this worst case" in packed
+    assert "1 packed row x seq 12288" in packed and "12288 image tokens/row" in packed and "tight" in packed
+
+
+def test_estimate_reads_the_capacity(compose):
+    """A packed run's micro-batch is one row of the capacity: the estimate's sequence is the capacity (not
+    train.micro_batch_size x train.seq_length), its activations grow with it, and a static row counts as padded."""
+    base = ["model=qwen3_vl_30b_a3b", "model.num_layers=4", "data=realistic", "gpus_per_node=1"]
+    small, big = (memory.estimate(compose(*base, f"data.packing={c}")) for c in (4096, 8192))
+    assert (small.seq_len, big.seq_len) == (4096, 8192) and not small.padded
+    assert big.decoder_activations == pytest.approx(2 * small.decoder_activations)
+    assert big.logits == pytest.approx(2 * small.logits) and big.vision_activations > small.vision_activations
+    unpacked = memory.estimate(compose(*base, "train.seq_length=4096"))
+    assert small.decoder_activations == pytest.approx(unpacked.decoder_activations)  # MBS 1 x 4096 either way
+    assert memory.estimate(compose(*base, "data.packing=4096", "data.packing_static=true")).padded
+    assert not memory.pads(compose("gpus_per_node=2", "data.packing=8192"))  # EP2, but packed: real tokens
+    assert memory.pads(compose("gpus_per_node=2", "data.packing=8192", "data.packing_static=true"))
 
 
 # --- validation against the measured peaks ---------------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""data.packing on the real path: vlmtrain's ConfigContainer -> Bridge's dataset and Qwen collate on real photos ->
-the batch Bridge's vlm_step hands to Qwen3VLModel, and the step counters that turn it into throughput."""
+"""data.packing=<capacity> on the real path: the data stage's bins (real realistic photos, the real processor),
+vlmtrain's ConfigContainer -> Bridge's dataset provider -> Bridge's packed Qwen collate, the static row, and the
+step counters that turn a batch into throughput."""
 
 from __future__ import annotations
 
@@ -11,61 +12,164 @@ from vlmtrain.build import container, target
 from vlmtrain.check import preflight
 from vlmtrain.train.step_counters import StepCounters
 
-# EP 2: without packing Bridge pads every sample to seq_length; MBS 4 samples per micro-batch.
-RUN = ["data=realistic", "data.payload.num_samples=16", "gpus_per_node=2", "train.micro_batch_size=4",
-       "train.global_batch_size=8"]
+CAP = 4096
+RUN = ["data=realistic", "data.payload.num_samples=16", "gpus_per_node=2", f"data.packing={CAP}",
+       "train.global_batch_size=4"]
 
 
-def _collate(compose, bridge, tmp_path, *overrides: str):
+def _cache(tmp_path_factory) -> str:
+    return str(tmp_path_factory.getbasetemp() / "packing-cache")
+
+
+def _dataset(compose, tmp_path, cache: str, *overrides: str):
+    """(run, finalized Bridge config, Bridge's train dataset) through Bridge's own dataset-provider lookup."""
     from megatron.bridge.data.utils import get_dataset_provider
 
-    run = compose(*RUN, *overrides, output_dir=str(tmp_path))
+    run = compose(*RUN, f"data.cache_dir={cache}", *overrides, output_dir=str(tmp_path))
     assert not preflight.errors(preflight.check(run))
     cfg = container.build(run)
     target.finalize(run, cfg)  # Bridge's own validation, as the dry-run plan does
-    train, _, _ = get_dataset_provider(cfg.dataset)([16, 0, 0], cfg.dataset)
-    return run, cfg, train.collate_fn([train[i] for i in range(4)])
+    train, _, _ = get_dataset_provider(cfg.dataset)([8, 0, 0], cfg.dataset)
+    return run, cfg, train
 
 
-def _counts(run, batch, image_token_id: int) -> dict[str, int]:
-    counters = StepCounters(run, nullcontext)
-    counters.image_token_id = image_token_id
-    counters.count(batch)
-    return counters.totals | {"per_sample": [(s["len"], tuple(s["patches"])) for s in counters.samples]}
+def test_greedy_bins_keep_order_and_every_sample():
+    from vlmtrain.data.bins import greedy_bins
+
+    lengths = [900, 300, 2500, 100, 1000, 4000, 50, 50, 3900]
+    bins = greedy_bins(lengths, 4096)
+    assert [i for b in bins for i in b] == list(range(len(lengths)))  # data order, nothing dropped or split
+    assert all(sum(lengths[i] for i in b) <= 4096 for b in bins)
+    # greedy: each bin closed only because the next sample did not fit
+    for b, nxt in zip(bins, bins[1:], strict=False):
+        assert sum(lengths[i] for i in b) + lengths[nxt[0]] > 4096
+    assert bins == [[0, 1, 2, 3], [4], [5, 6], [7, 8]]
+    # segments padded to the alignment multiple are what must fit: 3 x 1366 aligned to 16 is 4128 > 4096
+    assert greedy_bins([1365, 1365, 1365], 4096) == [[0, 1, 2]]
+    assert greedy_bins([1365, 1365, 1365], 4096, align=16) == [[0, 1], [2]]
 
 
-def test_packing_runs_real_tokens_only(compose, bridge, tmp_path):
-    run_pad, cfg_pad, padded = _collate(compose, bridge, tmp_path / "padded")
-    run_pack, cfg_pack, packed = _collate(compose, bridge, tmp_path / "packed", "data.packing=true")
+def test_too_long_sample_is_refused_naming_it():
+    from vlmtrain.data.bins import SampleTooLong, greedy_bins
+    from vlmtrain.data.scan import BadSample
 
-    # Without packing, EP 2 pads all 4 samples to seq_length; packed, one row holds the 4 samples' real tokens.
-    assert padded["input_ids"].shape == (4, run_pad.train.seq_length)
-    lengths = padded["attention_mask"].sum(dim=1)
-    cu = packed["cu_seqlens_q"]
-    assert packed["input_ids"].shape[0] == 1 and cu.tolist()[0] == 0
-    assert (cu[1:] - cu[:-1]).tolist() == lengths.tolist()
-    assert packed["input_ids"].shape[1] < 4 * run_pad.train.seq_length / 2
-    starts = packed.get("cu_seqlens_q_padded", cu)[:-1].tolist()
-    for row, start, n in zip(padded["input_ids"], starts, lengths.tolist(), strict=True):
-        assert packed["input_ids"][0, start : start + n].tolist() == row[:n].tolist()
-    assert int(packed["loss_mask"].sum()) == int(padded["loss_mask"].sum())
+    with pytest.raises(SampleTooLong) as err:
+        greedy_bins([100, 5000, 200], 4096, names=["d: sample 0", "d: sample 1 (id x)", "d: sample 2"])
+    msg = str(err.value)
+    assert "d: sample 1 (id x)" in msg and "5000" in msg and "data.packing=4096" in msg and "at least 5000" in msg
+    assert isinstance(err.value, BadSample)  # the plan and launcher stop on it as on a bad image: before GPU work
 
-    # The same samples count the same useful work; only the tokens the model runs differ.
-    image_token_id = cfg_pad.model.image_token_id
-    c_pad, c_pack = _counts(run_pad, padded, image_token_id), _counts(run_pack, packed, image_token_id)
-    assert c_pad["padded_tokens"] == 4 * run_pad.train.seq_length
-    assert c_pack["padded_tokens"] == packed["input_ids"].shape[1]
-    assert c_pack["nonpad_tokens"] == c_pad["nonpad_tokens"] == int(lengths.sum())
-    for key in ("samples", "image_tokens", "text_tokens", "loss_tokens", "images", "vit_patches", "per_sample"):
-        assert c_pack[key] == c_pad[key], key
 
-    # Bridge's Qwen3-VL step refuses packed batches; vlmtrain trains them through Bridge's vlm_step.
-    from megatron.bridge.models.qwen_vl import qwen3_vl_step
+def test_too_long_sample_stops_the_data_stage(compose, tmp_path, tmp_path_factory):
+    """On the real data: a capacity below the longest realistic sample fails in vlmtrain.data.prepare, naming it."""
+    from vlmtrain.data import prepare
+    from vlmtrain.data.bins import SampleTooLong
+
+    run = compose(*RUN[:-2], "data.packing=1024", f"data.cache_dir={_cache(tmp_path_factory)}",
+                  output_dir=str(tmp_path))
+    with pytest.raises(SampleTooLong, match=r"realistic.*: sample \d+ \(id .*\) is \d+ tokens long but "
+                                            r"data.packing=1024"):
+        prepare.prepare(run)
+
+
+def test_lengths_are_what_the_collate_makes(compose, bridge, tmp_path, tmp_path_factory):
+    """The data stage's length of every realistic sample equals the row Bridge's packed collate builds for it."""
+    from megatron.bridge.models.qwen_vl.data.collate_fn import qwen2_5_collate_fn
+
+    from vlmtrain.data import bins, prepare
+
+    run, cfg, train = _dataset(compose, tmp_path, _cache(tmp_path_factory))
+    packed = bins.Bins.load(cfg.dataset.bins_file)
+    examples = bins.bridge_examples(cfg.dataset.source)
+    processor = bins.load_processor(str(prepare.processor_dir(run)))
+    assert len(examples) == len(packed.lengths) == 16
+    for e, n in zip(examples, packed.lengths, strict=True):
+        assert qwen2_5_collate_fn([e], processor, enable_in_batch_packing=True)["input_ids"].shape[1] == n
+    assert [i for b in packed.bins for i in b] == list(range(16))
+    assert max(packed.bin_tokens()) <= CAP and 0 < packed.fill <= 1
+
+
+def test_a_bin_collates_as_bridge_packs_its_samples(compose, bridge, tmp_path, tmp_path_factory):
+    """One dataset item is one bin; its micro-batch is exactly Bridge's packed Qwen collate of the bin's samples,
+    run through Bridge's vlm_step (Bridge sees micro_batch_size 1 and model.seq_length = the capacity)."""
+    import torch
+    from megatron.bridge.models.qwen_vl.data.collate_fn import qwen2_5_collate_fn
     from megatron.bridge.training import vlm_step
 
     from vlmtrain.config.groups import data
+    from vlmtrain.data import bins
 
-    assert data.forward_step(run_pack) is vlm_step.forward_step
-    assert data.forward_step(run_pad) is qwen3_vl_step.forward_step
-    with pytest.raises(ValueError, match="collate-time in-batch packing"):
-        qwen3_vl_step.get_batch_from_iterator(iter([packed]), is_first_pp_stage=True, is_last_pp_stage=True)
+    run, cfg, train = _dataset(compose, tmp_path, _cache(tmp_path_factory))
+    assert cfg.train.micro_batch_size == 1 and cfg.model.seq_length == CAP and not cfg.dataset.static
+    assert data.forward_step(run) is vlm_step.forward_step
+    packed = bins.Bins.load(cfg.dataset.bins_file)
+    item = train[1]
+    examples = bins.bridge_examples(cfg.dataset.source)
+    assert item == [examples[i] for i in packed.bins[1]] and len(item) >= 2
+    batch = train.collate_fn([item])
+    ref = qwen2_5_collate_fn(item, train.processor, sequence_length=CAP, enable_in_batch_packing=True)
+    assert batch.keys() == ref.keys()
+    for key, value in ref.items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(batch[key], value), key
+    assert torch.equal(batch["visual_inputs"].pixel_values, ref["visual_inputs"].pixel_values)
+    cu = batch["cu_seqlens_q"]
+    assert (cu[1:] - cu[:-1]).tolist() == [packed.lengths[i] for i in packed.bins[1]]
+    assert batch["input_ids"].shape == (1, packed.bin_tokens()[1])
+    assert len(train) == 8 and train[len(packed.bins)] == train[0]  # Bridge's sample count wraps over the bins
+
+
+def test_static_row_is_the_capacity_with_masked_counted_padding(compose, bridge, tmp_path, tmp_path_factory):
+    import torch
+    from megatron.bridge.data.datasets.utils import IGNORE_INDEX
+    from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.rope import get_packed_seq_attention_mask
+    from megatron.bridge.training.utils.packed_seq_utils import get_packed_seq_params
+
+    cache = _cache(tmp_path_factory)
+    _, _, dynamic = _dataset(compose, tmp_path / "dynamic", cache)
+    run, cfg, static = _dataset(compose, tmp_path / "static", cache, "data.packing_static=true")
+    assert cfg.dataset.static
+    item = static[1]
+    real = dynamic.collate_fn([item])
+    row = static.collate_fn([item])
+    n = real["input_ids"].shape[1]
+    assert row["input_ids"].shape == row["labels"].shape == row["loss_mask"].shape == (1, CAP) and n < CAP
+    assert torch.equal(row["input_ids"][:, :n], real["input_ids"])
+    assert torch.equal(row["cu_seqlens_q"], real["cu_seqlens_q"])  # the real samples' lengths are unchanged
+    assert row["cu_seqlens_q_padded"][-1] == CAP and row["cu_seqlens_q_padded"][:-1].tolist() == \
+        real.get("cu_seqlens_q_padded", real["cu_seqlens_q"])[:-1].tolist()
+    assert (row["loss_mask"][0, n:] == 0).all() and (row["labels"][0, n:] == IGNORE_INDEX).all()
+    assert (row["input_ids"][0, n:] == 0).all()
+    # Bridge's Qwen3-VL model masks the tail out of attention from the same metadata
+    params = get_packed_seq_params({k: row[k] for k in ("cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded",
+                                                         "cu_seqlens_kv_padded", "max_seqlen_q", "max_seqlen_kv")})
+    assert int(get_packed_seq_attention_mask(row["input_ids"], params).sum()) == n
+
+    def counts(r, batch):
+        c = StepCounters(r, nullcontext)
+        c.image_token_id = cfg.model.image_token_id
+        c.count(batch)
+        return c.totals
+
+    c_real, c_static = counts(run, real), counts(run, row)
+    assert c_static["padded_tokens"] == CAP and c_real["padded_tokens"] == n
+    for key in ("nonpad_tokens", "samples", "image_tokens", "text_tokens", "loss_tokens", "images", "vit_patches"):
+        assert c_static[key] == c_real[key], key
+    assert c_static["nonpad_tokens"] == n
+
+
+def test_graph_run_builds_a_static_capacity_row(compose, bridge, tmp_path, tmp_path_factory):
+    """cuda_graph=moe_router_preprocess with a capacity: static rows forced, Bridge's TE graph helper will capture
+    at model.seq_length = the capacity and micro_batch_size 1 (the shape every row has)."""
+    run, cfg, train = _dataset(compose, tmp_path, _cache(tmp_path_factory), "cuda_graph=moe_router_preprocess")
+    assert cfg.dataset.static and cfg.model.seq_length == CAP and cfg.train.micro_batch_size == 1
+    assert cfg.model.cuda_graph_impl == "transformer_engine"
+    assert train.collate_fn([train[0]])["input_ids"].shape == (1, CAP)
+
+
+def test_packing_true_is_refused_naming_the_capacity(compose):
+    with pytest.raises(Exception, match=r"data.packing is the capacity in tokens per micro-batch row, e.g. "
+                                        r"data.packing=8192"):
+        compose("data.packing=true")
+    with pytest.raises(Exception, match="positive number of tokens"):
+        compose("data.packing=0")

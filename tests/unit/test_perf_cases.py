@@ -59,31 +59,54 @@ def test_sweeps_expand_to_unique_benchmark_cases() -> None:
     for case, k in ALL:
         assert case.gpus == 2 and all(o in case.overrides for o in BENCHMARK), case.name
         assert ("frozen" in case.name) == (k.values["vision"] == "frozen"), case.name
-        gbs = k.values["train.global_batch_size"]
-        assert f"train.global_batch_size={gbs}" in case.overrides, case.name
-        assert (f"_gbs{gbs}" in case.name) == (gbs != GBS), case.name
-        # packed micro-batches beyond MBS 2 carry the measured peak as their memory check (the spec's comment)
-        packed_big = k.values["data.packing"] and k.values["train.micro_batch_size"] > 2
-        assert ("preflight.ignore=[memory_fits]" in case.overrides) == packed_big, case.name
+        gbs, mbs, packed = (k.values[key] for key in ("train.global_batch_size", "train.micro_batch_size",
+                                                       "data.packing"))
+        assert (f"_gbs{gbs}" in case.name) == (gbs != GBS) and (f"_mbs{mbs}_" in case.name), case.name
+        # a packed case of MBS m runs one row of max(m x 1024, 4096) tokens per micro-batch, MBS 1, GBS / m rows
+        runs = (f"data.packing={max(mbs * 1024, 4096)}", 1, gbs // mbs) if packed else (None, mbs, gbs)
+        assert [o for o in case.overrides if o.startswith("data.packing")] == [o for o in runs[:1] if o], case.name
+        assert {f"train.micro_batch_size={runs[1]}", f"train.global_batch_size={runs[2]}"} <= set(case.overrides)
+        assert not any(o.startswith("preflight.ignore") for o in case.overrides), case.name  # the estimate fits
     assert [c.name for c in expand(["all"], ["mock"])] == [PERF.case({"data": "mock"}).name]
 
 
+def legacy_as_run(config: list[str]) -> list[str]:
+    """A row recorded before packing by token budget (m samples packed per micro-batch: data.packing=true, from
+    MBS 4 on with preflight.ignore=[memory_fits]) as the capacity form its case now runs as."""
+    if "data.packing=true" not in config:
+        return config
+    kept = [o for o in config if o != "preflight.ignore=[memory_fits]"]
+    return spec.mbs_as_capacity(kept, "data.packing", **PERF.knobs["data.packing"].mbs_as_capacity)
+
+
 def test_cases_are_the_recorded_rows_configs() -> None:
-    """Every case that ran on 2 x H200 composes from exactly the overrides its latest row records."""
+    """Every case that ran on 2 x H200 composes from exactly the overrides its latest row records; a packed row
+    recorded MBS-sample packing, and its case runs that row's MBS as a capacity under the same name."""
     rows = bench_report.latest_rows(MEASURED)
-    matched = 0
+    matched, packed = 0, 0
     for case, _ in ALL:
         row = rows.get(case.name)
         if row and "config" in row:
-            assert sorted(run_cases.overrides(case)) == sorted(row["config"]), case.name
+            assert sorted(run_cases.overrides(case)) == sorted(legacy_as_run(row["config"])), case.name
             matched += 1
-    assert matched >= 25
+            packed += "data.packing=true" in row["config"]
+    assert matched >= 25 and packed >= 10
+    # the smallest packed case (MBS 2: the 4096-token floor) and the preset's case (perf_h200x2_best.yaml)
+    forms = {c.name: {o for o in c.overrides if o.startswith(("data.packing", "train.micro", "train.global"))}
+             for c, _ in ALL}
+    assert forms[PERF.case({"train.micro_batch_size": 2, "data.packing": True}).name] == {
+        "data.packing=4096", "train.micro_batch_size=1", "train.global_batch_size=8"}
+    assert forms[BEST.name] == {"data.packing=12288", "train.micro_batch_size=1", "train.global_batch_size=8"}
 
 
-@pytest.mark.parametrize("case", [c for c, _ in ALL], ids=[c.name for c, _ in ALL])
-def test_every_case_passes_preflight(case: run_cases.Case) -> None:
+@pytest.mark.parametrize(("case", "knobs"), ALL, ids=[c.name for c, _ in ALL])
+def test_every_case_passes_preflight(case: run_cases.Case, knobs: spec.Case) -> None:
+    """Packed cases run as capacities that the memory estimate reads: beyond the preset's 12288 tokens (MBS 16,
+    which ran out of memory on the GPU as MBS-sample packing) it refuses them."""
     run = composed(case)
-    assert preflight.errors(preflight.check(run)) == []
+    refused = [f.rule for f in preflight.errors(preflight.check(run))]
+    too_big = knobs.values["data.packing"] and run.data.packing > 12288
+    assert refused == (["memory_fits"] if too_big else [])
     assert world.layout(run).world_size == 2 and run.train.seq_length == 4096 and run.model.num_layers == 8
 
 

@@ -62,18 +62,18 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
         ["recompute=selective", "recompute.modules=[core_attn]", "cuda_graph=moe_router_preprocess"],
     ),
     "qwen3_vl_no_attn_graph": (["cuda_graph=attn_moe_router_preprocess"], ["cuda_graph=moe_router_preprocess"]),
+    # a capacity makes every row static: the router/preprocess graphs are fine, an attention graph is not
     "packing_with_graphs": (
-        ["cuda_graph=moe_router_preprocess", "data.packing=true", "train.micro_batch_size=2"],
-        ["cuda_graph=none", "data.packing=true", "train.micro_batch_size=2"],
+        ["cuda_graph=attn_moe_router_preprocess", "data.packing=8192"],
+        ["cuda_graph=moe_router_preprocess", "data.packing=8192"],
     ),
-    "packing_needs_two_samples": (
-        ["data.packing=true", "train.micro_batch_size=1"],
-        ["data.packing=true", "train.micro_batch_size=2"],
+    "packing_is_one_bin": (["data.packing=8192", "train.micro_batch_size=2"], ["data.packing=8192"]),
+    "packing_needs_scanned_data": (["data=mock", "data.packing=8192"], ["data=realistic", "data.packing=8192"]),
+    "packing_capacity_multiple": (
+        ["parallelism=3d", "parallelism.cp=2", "data.packing=8190"],
+        ["parallelism=3d", "parallelism.cp=2", "data.packing=8192"],
     ),
-    "qwen35_packing_unverified": (
-        [*Q35, "data.packing=true", "train.micro_batch_size=2"],
-        [*Q35, "kernels=fast"],
-    ),
+    "qwen35_packing_unverified": ([*Q35, "data.packing=8192"], [*Q35, "kernels=fast"]),
     "a2a_overlap_with_qwen_vl": (["+bridge.comm_overlap.overlap_moe_expert_parallel_comm=true"], []),
     "seq_fits_images": (["data=realistic", "train.seq_length=2048"], ["data=realistic", "train.seq_length=4096"]),
     "data_path_exists": (["data=jsonl", "data.path=/nonexistent/train.jsonl"], ["data=jsonl", f"data.path={__file__}"]),
@@ -90,8 +90,7 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     "bf16_layers_fit_each_stage": (["precision=fp8", "model.num_layers=2"],
                                    ["precision=fp8", "model.num_layers=2", "precision.bf16_layers_at_start=0",
                                     "precision.bf16_layers_at_end=0"]),
-    "quantized_packing_alignment": (["precision=fp8", "data.packing=true", "train.micro_batch_size=2"],
-                                    ["precision=bf16", "data.packing=true", "train.micro_batch_size=2"]),
+    "quantized_packing_alignment": (["precision=fp8", "data.packing=8200"], ["precision=fp8", "data.packing=8192"]),
     "quantized_unmeasured_combination": (["precision=fp8", "kernels=fast"], ["precision=fp8"]),
     "mxfp8_buffer_reuse_off_under_fsdp": (["hardware=gb200", "precision=mxfp8"],
                                           ["hardware=gb200", "precision=mxfp8", "parallelism=3d"]),
@@ -105,6 +104,33 @@ def rules_of(compose, overrides: list[str]) -> dict[str, preflight.Finding]:
 def test_every_rule_has_cases():
     missing = {fn.__name__ for _, fn in preflight.RULES} - set(CASES)
     assert not missing, f"rules without a trip/pass case: {sorted(missing)}"
+
+
+def test_graph_messages_give_the_reason(compose):
+    """The attention-graph refusal says why (cu_seqlens change with every bin) and what works instead."""
+    msg = rules_of(compose, ["cuda_graph=attn_moe_router_preprocess", "data.packing=8192"])["packing_with_graphs"]
+    assert "cu_seqlens" in msg.message and "cuda_graph=moe_router_preprocess" in msg.message
+    # the quantized multiple is its own finding; the general multiple rule leaves it to that one
+    found = rules_of(compose, ["precision=fp8", "data.packing=8200"])
+    assert "quantized_packing_alignment" in found and "packing_capacity_multiple" not in found
+
+
+def test_capacity_resolves_the_row(compose):
+    """What resolve derives for a capacity: the row length, static rows (forced by graphs and PP>1), the segment
+    alignment (CP/SP and the quantized GEMMs' multiple), and GBS counting rows."""
+    from vlmtrain.config.resolve import resolve
+
+    res = resolve(compose("data.packing=8192", "gpus_per_node=2", "train.global_batch_size=8"))
+    assert (res.packing_capacity, res.seq_length, res.packing_static, res.pack_align) == (8192, 8192, False, 1)
+    assert res.grad_accum == 4 and not res.pads_to_seq_length
+    assert resolve(compose("data.packing=8192", "cuda_graph=moe_router_preprocess")).packing_static
+    assert resolve(compose("data.packing=8192", "parallelism=3d", "parallelism.pp=2")).packing_static
+    assert resolve(compose("data.packing=8192", "data.packing_static=true")).packing_static
+    assert resolve(compose("data.packing=8192", "parallelism=3d", "parallelism.cp=2", "parallelism.tp=2",
+                           "precision=fp8")).pack_align == 16
+    assert resolve(compose("data.packing=8192", "parallelism=3d", "parallelism.cp=4")).pack_align == 8
+    off = resolve(compose())
+    assert (off.packing_capacity, off.packing_static, off.pack_align) == (None, False, 1)
 
 
 @pytest.mark.parametrize("rule", sorted(CASES))

@@ -108,7 +108,7 @@ def build(run: RunConfig) -> ConfigContainer:
         if group is not data:
             group.apply(run, cfg)
     prepared = prepare.prepare(run)  # the data scan: a cache hit where the launcher scanned before torchrun
-    data.apply(run, cfg, proc, prepared.hf_source, prepared.energon_kwargs)
+    data.apply(run, cfg, proc, prepared.hf_source, prepared.energon_kwargs, prepared.packed_dataset())
     overrides = bridge_overrides(run)
     if overrides:
         from megatron.bridge.training.utils.omegaconf_utils import process_config_with_overrides

@@ -30,9 +30,10 @@ def field_value(cfg: Any, path: str) -> Any:
         obj = getattr(obj, part, None)
     if path == "model":
         return type(obj).__name__
+    if path == "dataset" and hasattr(obj, "bins_file"):  # vlmtrain.data.bins.PackedBinsDatasetConfig
+        return f"{type(obj).__name__}(capacity={obj.seq_length}, static={obj.static}, pack_align={obj.pack_align})"
     if path == "dataset":
-        return (f"{type(obj).__name__}(pad_to_max_length={getattr(obj, 'pad_to_max_length', None)}, "
-                f"enable_in_batch_packing={getattr(obj, 'enable_in_batch_packing', None)})")
+        return f"{type(obj).__name__}(pad_to_max_length={getattr(obj, 'pad_to_max_length', None)})"
     if path == "profiling" and obj is not None:
         return (f"{type(obj).__name__}(pytorch={obj.use_pytorch_profiler}, steps {obj.profile_step_start}-"
                 f"{obj.profile_step_end}, ranks={obj.profile_ranks})")
@@ -64,7 +65,10 @@ def render(run: RunConfig, cfg: ConfigContainer | None, findings: list[preflight
         f"world:    {layout_line(run, res)}",
         f"train:    MBS {t.micro_batch_size}  GBS {t.global_batch_size}  seq {t.seq_length}  "
         f"grad-accum {res.grad_accum}  iters {t.iterations}  lr {t.lr}",
-        f"data:     {run.data.kind}" + ("  (MOCK: not a performance run)" if run.data.kind == "mock" else ""),
+        f"data:     {run.data.kind}" + ("  (MOCK: not a performance run)" if run.data.kind == "mock" else "")
+        + (f"  packed: 1 row of <= {res.packing_capacity} tokens per micro-batch"
+           f"{' (static: padded to it)' if res.packing_static else ''}, GBS counts rows" if res.packing_capacity
+           else ""),
         "env:      " + " ".join(f"{k}={v}" for k, v in sorted(res.env_vars.items())),
     ]
     vit = run.precision.vision if precision.quantized(run) else "bf16"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,7 +40,16 @@ class Resolved:
     """Every sample runs padded to train.seq_length: pad_to_max_length, unless data.packing (the packing collate
     keeps real tokens only)."""
     seq_length: int
-    """Tokens per sample: exact when padded, else the upper bound."""
+    """Tokens per sample: exact when padded, else the upper bound (the capacity when packed)."""
+    packing_capacity: int | None
+    """data.packing: tokens per packed micro-batch row (one bin), None without packing."""
+    packing_static: bool
+    """A packed row is padded to exactly the capacity: data.packing_static, CUDA graphs (one static shape) or PP>1
+    (Megatron's pipeline buffers are capacity x 1: vlmtrain does not ask for variable_seq_lengths)."""
+    pack_align: int
+    """Each sample's segment in a packed row is padded to a multiple of this: Bridge's CP/SP collate multiple
+    (2 x CP, TP under sequence parallelism; training/config.py computes it only for its own dataset configs)
+    and the quantized GEMMs' token multiple (config.groups.precision.GEMM_TOKEN_MULTIPLE)."""
     grad_accum: int
     """Micro-batches per step: train.global_batch_size / (micro_batch_size x DP) (preflight checks it divides)."""
     env: dict[str, dict[str, str]]
@@ -68,6 +78,9 @@ class Resolved:
             "pad_to_max_length": self.pad_to_max_length,
             "pads_to_seq_length": self.pads_to_seq_length,
             "seq_length": self.seq_length,
+            "packing_capacity": self.packing_capacity,
+            "packing_static": self.packing_static,
+            "pack_align": self.pack_align,
             "grad_accum": self.grad_accum,
             "env": self.env,
             "collate_image_tokens": list(self.collate_image_tokens),
@@ -83,6 +96,9 @@ class Resolved:
             pad_to_max_length=bool(data["pad_to_max_length"]),
             pads_to_seq_length=bool(data["pads_to_seq_length"]),
             seq_length=int(data["seq_length"]),
+            packing_capacity=data.get("packing_capacity"),
+            packing_static=bool(data.get("packing_static", False)),
+            pack_align=int(data.get("pack_align", 1)),
             grad_accum=int(data["grad_accum"]),
             env={g: dict(v) for g, v in data["env"].items()},
             collate_image_tokens=(int(data["collate_image_tokens"][0]), int(data["collate_image_tokens"][1])),
@@ -114,17 +130,23 @@ def group_env(run: RunConfig, lay: world.Layout) -> dict[str, dict[str, str]]:
 
 def resolve(run: RunConfig) -> Resolved:
     """Every derived value of `run` (pure arithmetic on the config: no Bridge, no torch, no file access)."""
-    from vlmtrain.config.groups.data import pads_to_max_length
+    from vlmtrain.config.groups import cuda_graph, precision
+    from vlmtrain.config.groups.data import capacity, pads_to_max_length, row_length
 
     lay = world.layout(run)
     t = run.train
     pad = pads_to_max_length(run) or lay.pp > 1 or lay.ep > 1
+    cap = capacity(run)
+    cp_sp = math.lcm(2 * lay.cp if lay.cp > 1 else 1, lay.tp if lay.tp > 1 else 1)
     return Resolved(
         layout=lay,
         stage_layers=tuple(world.stage_layers(run, lay)),
         pad_to_max_length=pad,
-        pads_to_seq_length=pad and not run.data.packing,
-        seq_length=t.seq_length,
+        pads_to_seq_length=pad and cap is None,
+        seq_length=row_length(run),
+        packing_capacity=cap,
+        packing_static=cap is not None and (run.data.packing_static or cuda_graph.enabled(run) or lay.pp > 1),
+        pack_align=math.lcm(cp_sp, precision.gemm_token_multiple(run)) if cap else 1,
         grad_accum=t.global_batch_size // max(t.micro_batch_size * lay.dp, 1),
         env=group_env(run, lay),
         collate_image_tokens=(COLLATE_MIN_TOKENS, COLLATE_MAX_TOKENS),

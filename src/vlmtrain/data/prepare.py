@@ -2,7 +2,9 @@
 source Bridge reads (the checked copy, or the dataset without its bad samples), in the shared cache.
 
 Runs on CPU before any GPU work (vlmtrain.data.scan decodes each image): a bad sample fails the run naming the
-dataset, the sample, the file and the reason, or with `data.skip_bad_images=true` is left out and counted.
+dataset, the sample, the file and the reason, or with `data.skip_bad_images=true` is left out and counted. With
+`data.packing=<capacity>` it also bins the samples Bridge will read (vlmtrain.data.bins): a sample longer than the
+capacity fails here.
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vlmtrain.config.groups.data import Kind, cache_dir
+from vlmtrain.config.groups.data import Kind, cache_dir, capacity
 
 if TYPE_CHECKING:
     from vlmtrain.config.schema import RunConfig
+    from vlmtrain.data.bins import Bins
     from vlmtrain.data.scan import Report
 
 
@@ -53,6 +56,16 @@ class Prepared:
     """HFDatasetSourceConfig fields: the checked JSONL copy, the parquet/hf source, or its filtered copy."""
     energon_kwargs: dict[str, Any] = field(default_factory=dict)
     """EnergonDatasetConfig.dataset_kwargs (a split config excluding the bad samples, when skipped)."""
+    bins: Bins | None = None
+    """With data.packing=<capacity>: the bins of hf_source's samples (saved in the cache for the ranks)."""
+
+    def packed_dataset(self) -> Any:
+        """The data group's factory for a packed run: Bridge dataset configs bound to these bins."""
+        import functools
+
+        from vlmtrain.data.bins import PackedBinsDatasetConfig
+
+        return functools.partial(PackedBinsDatasetConfig, bins_file=self.bins.path) if self.bins else None
 
     @property
     def jsonl(self) -> Path | None:
@@ -123,17 +136,40 @@ def prepare(run: RunConfig) -> Prepared:
                 src = _hf_source(run)
                 prepared = Prepared(report, hf.without_bad(str(d.kind), src, report, cache_dir(run))
                                     if report.bad else src)
-    _record(run, report)
+    if capacity(run) and report is not None and prepared.hf_source is not None:
+        prepared.bins = _bins(run, report, prepared.hf_source)  # atomic cache writes: no lock needed
+    _record(run, report, prepared.bins)
     return prepared
 
 
-def _record(run: RunConfig, report: Report | None) -> None:
+def _bins(run: RunConfig, report: Report, source: dict[str, Any]) -> Bins:
+    """The bins at data.packing of the samples Bridge reads from `source`; lengths are cached by the source, the
+    files the scan read (size, mtime) and the processor."""
+    from vlmtrain.config.resolve import resolve
+    from vlmtrain.data import bins, processor
+
+    proc = processor_dir(run)
+    stamps = dict(report.files)
+    for path in source.get("load_kwargs", {}).get("data_files", {}).values():  # the checked copy Bridge reads
+        st = Path(path).stat()
+        stamps[str(path)] = [st.st_size, st.st_mtime_ns]
+    identity = {"source": source, "files": stamps, "processor": processor.PROCESSOR_VERSION}
+    out = bins.prepare_bins(cache_dir(run), identity, source, str(proc), int(capacity(run)), report.dataset,
+                            resolve(run).pack_align)
+    print(f"[vlmtrain] data.packing={out.capacity}: {out.summary()}", flush=True)
+    return out
+
+
+def _record(run: RunConfig, report: Report | None, packed: Bins | None = None) -> None:
     out = Path(run.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    summary = {"kind": str(run.data.kind), "skipped_samples": 0}
+    summary: dict[str, Any] = {"kind": str(run.data.kind), "skipped_samples": 0}
     if report is not None:
         summary.update(dataset=report.dataset, samples=report.samples, images=report.images,
                        skipped_samples=len(report.bad), skipped=report.lines())
+    if packed is not None:
+        summary["packing"] = {"capacity": packed.capacity, "bins": len(packed.bins), "fill": packed.fill,
+                              "bin_tokens_min": min(packed.bin_tokens()), "bin_tokens_max": max(packed.bin_tokens())}
     tmp = out / f".{SCAN_FILE}.{os.getpid()}"
     tmp.write_text(json.dumps(summary, indent=1) + "\n")
     tmp.replace(out / SCAN_FILE)

@@ -5,6 +5,8 @@ A case is a mapping knob -> value over the spec's `defaults`. A knob is an overr
 `recompute`, ...), `layout` (a layout name: `fsdp-ep2`, `3d-tp2-pp2-vpp2-ep2-etp2`: the parallelism group and its
 degrees), or a knob with `options` (named override bundles; `cutlass+fused` takes two). A null value sets nothing.
 Sweep entries may hold `grid: {knob: [values]}`: one case per combination, in order, the other keys fixed.
+A packing knob with `mbs_as_capacity` keeps cases named by their samples per micro-batch (`mbs8_packed`) while they
+run as packing by token budget (`mbs_as_capacity()`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ LAYOUT = re.compile(r"^(fsdp|3d)((?:-(?:tp|pp|vpp|cp|ep|etp)\d+)*)$")
 TOP_KEYS = frozenset({"base", "knobs", "defaults", "prefix", "sweeps", "stages", "finalists", "early_stop",
                       "claims", "best", "tie", "mock_pair", "gpus", "iterations", "case_s", "results",
                       "packed", "kernels_best"})
+MBS, GBS = "train.micro_batch_size", "train.global_batch_size"
 
 
 class SpecError(ValueError):
@@ -37,6 +40,18 @@ def text(value: Any) -> str:
     if isinstance(value, list | tuple):
         return "[" + ",".join(text(v) for v in value) + "]"
     return str(value)
+
+
+def mbs_as_capacity(overrides: list[str], key: str, tokens_per_sample: int, at_least: int) -> list[str]:
+    """`<key>=true` at MBS m and GBS g (m samples packed per micro-batch, the form before issue 22's packing by token
+    budget) as that packing: one row of max(m x tokens_per_sample, at_least) tokens per micro-batch (`<key>=<that>`),
+    MBS 1 and g / m rows per step, so a row holds about the m samples the old micro-batch held."""
+    values = dict(o.split("=", 1) for o in overrides if o.startswith((f"{MBS}=", f"{GBS}=", f"{key}=")))
+    if values.get(key) != "true" or MBS not in values or GBS not in values:
+        raise SpecError(f"mbs_as_capacity: needs {key}=true, {MBS} and {GBS} among {' '.join(overrides)}")
+    m, g = int(values[MBS]), int(values[GBS])
+    new = {MBS: "1", GBS: str(g // m), key: str(max(m * tokens_per_sample, at_least))}
+    return [f"{k}={new[k]}" if (k := o.split("=", 1)[0]) in new else o for o in overrides]
 
 
 def layout_overrides(name: str) -> list[str]:
@@ -57,6 +72,8 @@ class Knob:
     """Per value (as `text` writes it): its name part instead of `label` (null: none)."""
     options: dict[str, list[str]] | None = None
     """Named override bundles; a value `a+b` takes a's and b's."""
+    mbs_as_capacity: dict[str, int] | None = None
+    """`{tokens_per_sample: N, at_least: M}`: the value true runs the case's MBS as a capacity (mbs_as_capacity())."""
 
     def overrides(self, value: Any) -> list[str]:
         if value is None:
@@ -131,7 +148,11 @@ class Spec:
         values = self.values(entry)
         parts = [p for k, knob in self.knobs.items() for p in knob.name_parts(values.get(k))]
         name = "_".join([self.get("prefix"), *parts] if self.get("prefix") else parts)
-        return Case(name, values, [o for k, knob in self.knobs.items() for o in knob.overrides(values.get(k))])
+        overrides = [o for k, knob in self.knobs.items() for o in knob.overrides(values.get(k))]
+        for k, knob in self.knobs.items():
+            if knob.mbs_as_capacity and values.get(k) is True:
+                overrides = mbs_as_capacity(overrides, k, **knob.mbs_as_capacity)
+        return Case(name, values, overrides)
 
     def entries(self, sweep: str) -> list[dict[str, Any]]:
         """A sweep's cases as knob -> value mappings (grids expanded in order)."""
@@ -162,7 +183,8 @@ def _knob(key: str, raw: Any) -> Knob:
     raw = raw or {}
     labels = {text(k): v for k, v in (raw.get("labels") or {}).items()}
     options = raw.get("options")
-    return Knob(key, raw.get("label"), labels, {text(k): list(v) for k, v in options.items()} if options else None)
+    return Knob(key, raw.get("label"), labels, {text(k): list(v) for k, v in options.items()} if options else None,
+                raw.get("mbs_as_capacity"))
 
 
 def _stage(raw: dict[str, Any]) -> Stage:

@@ -22,6 +22,7 @@ from vlmtrain.check.memory.workload import Workload, default_workload
 from vlmtrain.config import architecture as arch
 from vlmtrain.config import world
 from vlmtrain.config.groups import precision
+from vlmtrain.config.groups.data import capacity
 from vlmtrain.config.groups.dispatcher import Backend
 from vlmtrain.config.groups.parallelism import Kind as ParKind
 from vlmtrain.config.groups.precision import VisionPrecision
@@ -212,10 +213,12 @@ def render(run: RunConfig, b: MemoryBreakdown | None = None) -> list[str]:
     """The dry-run plan's memory section: the breakdown, then total vs the hardware budget and the headroom."""
     b = b or estimate(run)
     budget = run.hardware.memory_gib
-    shorter = "packed micro-batches hold only real tokens" if run.data.packing else "unpadded data runs shorter"
+    packed = capacity(run)
+    shorter = "a packed row holds <= capacity real tokens" if packed else "unpadded data runs shorter"
     seq = f"seq {b.seq_len} ({'padded' if b.padded else f'worst case; {shorter}'})"
-    head = (f"memory:   per-GPU peak estimate, PP stage {b.stage}, MBS {run.train.micro_batch_size} x {seq}, "
-            f"{b.image_tokens} image tokens/sample")
+    unit = "1 packed row" if packed else f"MBS {run.train.micro_batch_size}"
+    head = (f"memory:   per-GPU peak estimate, PP stage {b.stage}, {unit} x {seq}, "
+            f"{b.image_tokens} image tokens/{'row' if packed else 'sample'}")
     items = "  ".join(f"{k} {v:.2f}" for k, v in b.items().items() if v)
     pct = 100 * b.total / budget if budget else float("inf")
     verdict = "DOES NOT FIT" if b.total > budget else ("tight" if pct > 90 else "fits")

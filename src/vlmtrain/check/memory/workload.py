@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from vlmtrain.config import world
 from vlmtrain.config.groups.data import Kind as DataKind
-from vlmtrain.config.groups.data import pads_to_max_length
+from vlmtrain.config.groups.data import capacity, pads_to_max_length, row_length
 from vlmtrain.config.tokens import COLLATE_MAX_TOKENS, COLLATE_MIN_TOKENS, TOKEN_PX
 
 if TYPE_CHECKING:
@@ -29,10 +29,13 @@ class Workload:
 
 def pads(run: RunConfig) -> bool:
     """Bridge pads every sample to seq_length with PP>1 or EP>1 (validate()) and where vlmtrain asks it to (CUDA
-    graphs' static shapes or data.pad_to_max_length: config.groups.data.pads_to_max_length), unless data.packing:
-    the packing collate keeps real tokens only. train.step_counters.StepCounters counts padded tokens by this rule."""
-    if run.data.packing:
-        return False
+    graphs' static shapes or data.pad_to_max_length: config.groups.data.pads_to_max_length). A packed row keeps
+    real tokens only unless it is static (padded to the capacity: Resolved.packing_static).
+    train.step_counters.StepCounters counts padded tokens by this rule."""
+    if capacity(run):
+        from vlmtrain.config.resolve import resolve
+
+        return resolve(run).packing_static
     lay = world.layout(run)
     return lay.pp > 1 or lay.ep > 1 or pads_to_max_length(run)
 
@@ -42,9 +45,12 @@ def _image_tokens(tokens_w: int, tokens_h: int) -> int:
 
 
 def image_token_bound(run: RunConfig) -> int:
-    """Most image tokens one sample can carry, from what the data group declares; seq_length when it declares
-    nothing (every token could be an image token)."""
-    d, seq = run.data, run.train.seq_length
+    """Most image tokens one sample (a packed run: one row of many samples) can carry, from what the data group
+    declares; the sequence (the capacity) when it declares nothing or a row may hold many samples (every token
+    could be an image token)."""
+    d, seq = run.data, row_length(run)
+    if capacity(run):
+        return seq
     if d.kind == DataKind.mock:
         w, h = d.mock_image_size
         return min(seq, d.mock_num_images * _image_tokens(math.ceil(w / TOKEN_PX), math.ceil(h / TOKEN_PX)))
@@ -57,6 +63,7 @@ def image_token_bound(run: RunConfig) -> int:
 
 
 def default_workload(run: RunConfig) -> Workload:
-    """The worst case the plan and preflight assume: seq_length tokens per sample (exact when Bridge pads; an
-    upper bound of the data's own length otherwise) carrying the most image tokens the data allows."""
-    return Workload(seq_len=run.train.seq_length, image_tokens=image_token_bound(run), padded=pads(run))
+    """The worst case the plan and preflight assume: seq_length tokens per sample (a packed run: the capacity per
+    row, its one sample per micro-batch; exact when padded, an upper bound otherwise) carrying the most image tokens
+    the data allows."""
+    return Workload(seq_len=row_length(run), image_tokens=image_token_bound(run), padded=pads(run))

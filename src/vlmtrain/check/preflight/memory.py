@@ -20,7 +20,8 @@ def _memory_verdict(run: RunConfig, lay: Layout) -> tuple[memory.MemoryBreakdown
     return b, b.total / run.hardware.memory_gib
 
 
-def _memory_message(run: RunConfig, lay: Layout, b: memory.MemoryBreakdown, verdict: str) -> str:
+def _memory_message(run: RunConfig, res: Resolved, b: memory.MemoryBreakdown, verdict: str) -> str:
+    lay = res.layout
     c = run.choices
     fewer = "recompute=full"
     if deepstack_blocks_full_recompute(run):
@@ -31,28 +32,28 @@ def _memory_message(run: RunConfig, lay: Layout, b: memory.MemoryBreakdown, verd
     hints = (f" Model state alone (params+grads+optimizer) is {state:.0f} GiB: shard the model further "
              "(parallelism.ep/pp, parallelism=fsdp) before touching activations." if state > run.hardware.memory_gib
              else "")
-    if run.data.packing:
-        hints += (" With data.packing this bounds every sample by train.seq_length tokens; a packed micro-batch "
-                  "holds only its samples' real tokens, so shorter data peaks lower: a short run measures it "
-                  "(peak_mem_gib), and preflight.ignore=[memory_fits] accepts that measurement over this bound.")
+    smaller = "a smaller train.micro_batch_size"
+    if res.packing_capacity:
+        smaller = (f"a smaller data.packing (now {res.packing_capacity} tokens per micro-batch row; the same "
+                   "train.global_batch_size rows then carry fewer samples per step)")
     return (f"model={run.model.name} {verdict}: estimated {b.total:.0f} GiB per GPU (PP stage {b.stage}; largest: "
             + ", ".join(f"{k} {v:.0f}" for k, v in top)
             + f") vs hardware={run.hardware.name} memory_gib={run.hardware.memory_gib:.0f}, with "
             f"parallelism={c.get('parallelism', run.parallelism.kind)} (EP {lay.ep}, DP {lay.dp}), "
             f"recompute={c.get('recompute', run.recompute.granularity)}, "
             f"train.micro_batch_size={run.train.micro_batch_size}, seq {b.seq_len}. Try {fewer}, a larger "
-            "parallelism.ep (more nodes once EP spans all GPUs) or a smaller train.micro_batch_size." + hints)
+            f"parallelism.ep (more nodes once EP spans all GPUs) or {smaller}." + hints)
 
 
 @rule(Severity.error)
 def memory_fits(run: RunConfig, res: Resolved) -> str | None:
     lay = res.layout
     b, frac = _memory_verdict(run, lay)
-    return _memory_message(run, lay, b, "does not fit") if frac > 1.0 else None
+    return _memory_message(run, res, b, "does not fit") if frac > 1.0 else None
 
 
 @rule(Severity.warning)
 def memory_headroom(run: RunConfig, res: Resolved) -> str | None:
     lay = res.layout
     b, frac = _memory_verdict(run, lay)
-    return _memory_message(run, lay, b, f"is tight ({frac:.0%})") if 0.9 < frac <= 1.0 else None
+    return _memory_message(run, res, b, f"is tight ({frac:.0%})") if 0.9 < frac <= 1.0 else None

@@ -57,11 +57,14 @@ def bf16_layers_fit_each_stage(run: RunConfig, res: Resolved) -> str | None:
 
 @rule(Severity.error)
 def quantized_packing_alignment(run: RunConfig, res: Resolved) -> str | None:
-    if precision.quantized(run) and run.data.packing:
-        return (f"precision={run.precision.format} with data.packing=true: Bridge resets a packed row's pad multiple "
-                "to the CP/SP one (training/config.py: in_batch_packing_pad_to_multiple_of), so the row's token count "
-                "is not a multiple of 16 (32 for MXFP8/NVFP4) and TE's quantized GEMMs assert on it. Use "
-                "data.packing=false (each sample pads to a multiple of 128 tokens).")
+    """TE's quantized GEMMs need a token count that is a multiple of 16 (32 for MXFP8/NVFP4). vlmtrain's packed
+    collate pads each sample's segment to Resolved.pack_align, which includes that multiple; a row padded to the
+    capacity then needs the capacity to be a multiple of it too (the other multiples: packing_capacity_multiple)."""
+    mult = precision.gemm_token_multiple(run)
+    cap = res.packing_capacity
+    if cap and cap % mult:
+        return (f"precision={run.precision.format} with data.packing={cap}: the packed row's token count must be "
+                f"a multiple of {mult} for TE's quantized GEMMs. Use data.packing={cap // mult * mult or mult}.")
     return None
 
 

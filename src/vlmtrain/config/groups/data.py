@@ -15,9 +15,12 @@ and a bad sample fails the run naming the dataset, the sample, the file and the 
 `skip_bad_images=true` is left out of what Bridge reads and counted (`skipped_samples` in metrics.jsonl and W&B).
 
 Padding: samples pad to `seq_length` when CUDA graphs need static shapes or `pad_to_max_length` is set
-(Bridge also forces it when PP>1 or EP>1). `packing=true` replaces all of that: the collate turns each micro-batch
-into one THD row of its samples' real tokens (Bridge's `pack_right_padded_sequence_batch_to_mcore_thd`), which
-Bridge's generic `vlm_step` hands to Qwen3VLModel as PackedSeqParams (per-sample MRoPE and attention boundaries).
+(Bridge also forces it when PP>1 or EP>1). `packing=<capacity>` replaces all of that: before any GPU work the data
+stage bins the samples in data order into bins of <= capacity tokens (vlmtrain.data.bins), one micro-batch is one
+bin, and the collate turns it into one THD row of its samples' real tokens (Bridge's packed `qwen2_5_collate_fn`),
+which Bridge's generic `vlm_step` hands to Qwen3VLModel as PackedSeqParams (per-sample MRoPE and attention
+boundaries); `packing_static=true` (forced by CUDA graphs and PP>1) pads the row to exactly the capacity. Bridge
+sees train.micro_batch_size=1 and train.global_batch_size bins per step, and model.seq_length = the capacity.
 Bridge's Qwen3-VL-specific `qwen3_vl_step` would instead defer packing to the step and keep every sample padded
 (its `cu_seqlens` are multiples of the padded length), so it is used only without packing.
 """
@@ -135,12 +138,37 @@ class DataConfig:
     mock_num_images: int = 1
     mock_image_size: list[int] = field(default_factory=lambda: [256, 256])
     pad_to_max_length: bool = False
-    packing: bool = False
-    """Collate-time in-batch THD packing: each micro-batch runs as one row of its samples' real tokens, with no
-    padding to seq_length (trained through Bridge's vlm_step; see forward_step())."""
+    packing: Any = False
+    """false (off) or the capacity: tokens per micro-batch row. Samples are binned in data order into rows of
+    <= capacity real tokens (none dropped or split; a longer sample is an error), one bin per micro-batch, trained
+    through Bridge's vlm_step (see forward_step())."""
+    packing_static: bool = False
+    """Pad every packed row to exactly the capacity (static shapes; forced by CUDA graphs and PP>1): one padding
+    span at the row's end, loss-masked, counted as padding."""
     num_workers: int = 2
     cache_dir: str = "~/.cache/vlmtrain"
     """Where the processor and generated datasets are written (idempotent, keyed by content)."""
+
+    def __post_init__(self) -> None:
+        """data.packing is a capacity: refuse the old boolean form and anything but a positive token count."""
+        p = self.packing
+        if p is True:
+            raise ValueError("data.packing=true is no longer a packing mode: data.packing is the capacity in tokens "
+                             "per micro-batch row, e.g. data.packing=8192 with train.micro_batch_size=1 "
+                             "(train.global_batch_size then counts rows); data.packing=false turns it off.")
+        if p is not False and (isinstance(p, bool) or not isinstance(p, int) or p < 1):
+            raise ValueError(f"data.packing={p!r}: use false or a positive number of tokens per micro-batch row, "
+                             "e.g. data.packing=8192.")
+
+
+def capacity(run: RunConfig) -> int | None:
+    """Tokens per packed micro-batch row (data.packing), or None without packing."""
+    return None if run.data.packing is False else int(run.data.packing)
+
+
+def row_length(run: RunConfig) -> int:
+    """Bridge's model.seq_length and dataset seq_length: the packing capacity, else train.seq_length."""
+    return capacity(run) or run.train.seq_length
 
 
 def is_mock(run: RunConfig) -> bool:
@@ -154,7 +182,7 @@ def cache_dir(run: RunConfig) -> Path:
 def forward_step(run: RunConfig) -> Callable[..., Any]:
     """Bridge's forward step for this data: vlm_step takes collate-time packed (THD) batches, qwen3_vl_step the
     padded ones (it refuses packed batches)."""
-    if run.data.packing:
+    if capacity(run):
         from megatron.bridge.training.vlm_step import forward_step as packed_step
 
         return packed_step
@@ -170,15 +198,29 @@ def pads_to_max_length(run: RunConfig) -> bool:
 
 
 def apply(run: RunConfig, cfg: ConfigContainer, proc: str, hf_source: dict[str, Any] | None,
-          energon_kwargs: dict[str, Any]) -> None:
-    """Bridge's dataset config on the processor `proc` and the source the data scan left (vlmtrain.data.prepare)."""
+          energon_kwargs: dict[str, Any], packed: Callable[..., Any] | None = None) -> None:
+    """Bridge's dataset config on the processor `proc` and the source the data scan left (vlmtrain.data.prepare).
+    `packed`: with a packing capacity, the data stage's dataset config bound to this run's bins
+    (vlmtrain.data.bins.PackedBinsDatasetConfig)."""
     d, seq = run.data, run.train.seq_length
+    if capacity(run):
+        if packed is None or hf_source is None:
+            raise ValueError(f"data.packing={d.packing} needs the data stage's bins of a scanned source "
+                             "(preflight: packing_needs_scanned_data)")
+        from megatron.bridge.data.sources.hf import HFDatasetSourceConfig
+
+        from vlmtrain.config.resolve import resolve
+
+        res = resolve(run)
+        cfg.dataset = packed(seq_length=res.packing_capacity, source=HFDatasetSourceConfig(**hf_source),
+                             hf_processor_path=proc, static=res.packing_static, pack_align=res.pack_align,
+                             num_workers=d.num_workers)
+        return
     common: dict[str, Any] = dict(
         seq_length=seq,
         num_workers=d.num_workers,
         pad_to_max_length=pads_to_max_length(run),
-        enable_in_batch_packing=d.packing,
-        defer_in_batch_packing_to_step=False,  # the collate packs; qwen3_vl_step's deferred packing keeps padding
+        defer_in_batch_packing_to_step=False,  # qwen3_vl_step's deferred packing would keep padding
     )
     if d.kind == Kind.mock:
         from megatron.bridge.data.builders.mock_vlm_sft import MockVLMSFTDatasetConfig

@@ -216,7 +216,9 @@ def env(run: RunConfig) -> dict[str, str]:
 
 
 def apply(run: RunConfig, cfg: ConfigContainer) -> None:
-    cfg.model.seq_length = run.train.seq_length
+    from vlmtrain.config.groups.data import row_length
+
+    cfg.model.seq_length = row_length(run)  # a packed run's row: CUDA graphs and pipeline buffers are capacity x 1
     # Without APEX, gradient-accumulation fusion in a non-TE ColumnParallelLinear (the ViT merger) fails;
     # mRoPE has no fused kernel (runtime assert). Both verified on H200 (../shared/notes/STACK.md).
     cfg.model.gradient_accumulation_fusion = False

@@ -87,6 +87,15 @@ def quantized(run: RunConfig) -> bool:
     return run.precision.format != Format.bf16
 
 
+GEMM_TOKEN_MULTIPLE = {Format.bf16: 1, Format.fp8: 16, Format.mxfp8: 32, Format.nvfp4: 32}
+"""Tokens a quantized GEMM's input must be a multiple of (TE asserts otherwise): a packed row's segments are
+padded to it (config.resolve.Resolved.pack_align)."""
+
+
+def gemm_token_multiple(run: RunConfig) -> int:
+    return GEMM_TOKEN_MULTIPLE[Format(run.precision.format)]
+
+
 def recipe_name(run: RunConfig) -> str:
     p = run.precision
     return RECIPES[(p.format, p.scaling if p.format == Format.fp8 else None)]
