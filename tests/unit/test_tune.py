@@ -1,7 +1,8 @@
 """`vlmtrain tune` end to end on CPU: the real spec, real candidate generation, real preflight pruning (memory estimate
 included), the real search with its state, early stopping, ladder, finalists and outputs; only the GPU runs are a
 test double: each trial replays a real recorded 2 x H200 run (tests/fixtures/perf_h200x2/results.jsonl, the rows of
-results/perf_h200x2.jsonl) of the configuration it composes to, step by step into its run dir's metrics.jsonl."""
+results/perf_h200x2.jsonl) of the configuration it composes to, step by step into its run dir's metrics.jsonl. The
+packed rows were recorded as MBS-sample packing; each stands for the capacity case pack-budget mapped its name to."""
 
 from __future__ import annotations
 
@@ -33,13 +34,22 @@ def config_key(overrides: list[str]) -> str:
     return json.dumps(tree, sort_keys=True, default=str)
 
 
+def as_capacity(config: list[str]) -> list[str]:
+    """A row's overrides in today's form: a packed row (data.packing=true at MBS m, GBS g, recorded before packing
+    by token budget) as its case now runs, by the benchmark spec's mbs_as_capacity (conf/tune/perf_h200x2.yaml)."""
+    if "data.packing=true" not in config:
+        return config
+    rule = spec.load("perf_h200x2").knobs["data.packing"].mbs_as_capacity
+    return spec.mbs_as_capacity([o for o in config if not o.startswith("preflight.ignore=")], "data.packing", **rule)
+
+
 @pytest.fixture(scope="module")
 def recordings() -> dict[str, list[dict[str, Any]]]:
     """The recorded runs of every 2 x H200 benchmark configuration, in file order (two leases: two rows)."""
     out: dict[str, list[dict[str, Any]]] = {}
     for row in results.read_jsonl(RECORDED):
         if row["name"].startswith("30b-l8_") and "config" in row and not {"superseded", "resummarized"} & row.keys():
-            out.setdefault(config_key(row["config"]), []).append(row)
+            out.setdefault(config_key(as_capacity(row["config"])), []).append(row)
     return out
 
 
@@ -108,12 +118,19 @@ def searched(recordings: dict[str, list[dict[str, Any]]], tmp_path_factory: pyte
 def test_stages_run_in_order_and_prune_with_preflight(searched: tuple[dict[str, Any], Replay, Path]) -> None:
     state, launch, _ = searched
     assert [s["name"] for s in state["stages"]] == [s.name for s in spec.load(SPEC).stages]
-    pruned = {s["name"]: {p["name"]: p["findings"][0] for p in s["pruned"]} for s in state["stages"]}
-    batch = pruned["batch"]
-    assert "packing_needs_two_samples" in batch["fsdp-ep2_packed_mbs1_rc-none_cg-none"]
-    assert "memory_fits" in batch["fsdp-ep2_unpacked_mbs4_rc-none_cg-none"]  # the memory estimate, before any run
-    assert "global_batch_divisible" in batch["fsdp-ep2_packed_mbs12_rc-none_cg-none"]
-    assert any("packing" in why for why in pruned["recompute_graphs"].values())
+    pruned = {s["name"]: {p["name"]: p["findings"] for p in s["pruned"]} for s in state["stages"]}
+    rules = {stage: {n: {f.split(":")[0].removeprefix("[error] ") for f in why if f.startswith("[error]")}
+                     for n, why in p.items()} for stage, p in pruned.items()}
+    # the memory estimate reads the capacity: rows of 8192 tokens fit where MBS 8 x seq_length would not, 16384 not
+    batch = rules["batch"]
+    assert batch["fsdp-ep2_pack16384_mbs1_rc-none_cg-none"] == {"memory_fits"}
+    assert all(batch[f"fsdp-ep2_unpacked_mbs{m}_rc-none_cg-none"] == {"memory_fits"} for m in (4, 8))
+    assert batch["fsdp-ep2_unpacked_mbs12_rc-none_cg-none"] == {"memory_fits", "global_batch_divisible"}
+    assert len(batch) == 4
+    graphs = rules["recompute_graphs"]
+    assert graphs["fsdp-ep2_pack8192_mbs1_rc-none_cg-attn_moe_router_preprocess"] == {"packing_with_graphs",
+                                                                                       "qwen3_vl_no_attn_graph"}
+    assert "deepstack_full_recompute" in graphs["fsdp-ep2_pack8192_mbs1_rc-full_cg-none"]
     # nothing pruned was launched, and the stage order is the order trials ran in
     ran = [t["stage"] for t in state["trials"].values()]
     assert ran == sorted(ran, key=["layout", "batch", "3d", "kernels", "finalists"].index)
@@ -124,23 +141,41 @@ def test_stages_run_in_order_and_prune_with_preflight(searched: tuple[dict[str, 
     assert state["stages"][2]["skipped"].startswith("one candidate")
 
 
+def test_packed_candidates_count_gbs_in_rows(searched: tuple[dict[str, Any], Replay, Path]) -> None:
+    """A capacity runs at MBS 1 with the base's 16 samples as rows of ~1024-token samples (DP 2): 4096 -> 4 rows,
+    8192 -> 2, the configurations the recorded packed MBS 4 and MBS 8 runs are now; unpacked MBS keeps GBS 16."""
+    state, _, _ = searched
+    ran = {t["name"]: compose([*spec.load(SPEC).base, *t["overrides"]]) for t in state["trials"].values()
+           if t["stage"] in ("batch", "3d")}
+    batch = {n: (r.data.packing, r.train.micro_batch_size, r.train.global_batch_size) for n, r in ran.items()}
+    assert batch["fsdp-ep2_pack4096_mbs1_rc-none_cg-none"] == (4096, 1, 4)
+    assert batch["fsdp-ep2_pack8192_mbs1_rc-none_cg-none"] == (8192, 1, 2)
+    assert batch["3d-ep2_pack8192_mbs1_rc-none_cg-none"] == (8192, 1, 2)
+    assert batch["fsdp-ep2_unpacked_mbs2_rc-none_cg-none"] == (False, 2, 16)
+    # each replayed its recorded run (none failed for want of one)
+    assert all(t["outcome"]["status"] != "failed" for t in state["trials"].values()
+               if t["stage"] in ("batch", "3d"))
+
+
 def test_early_stop_and_ladder(searched: tuple[dict[str, Any], Replay, Path]) -> None:
     state, _, _ = searched
     by_name = {t["name"]: t["outcome"] for t in state["trials"].values() if t["stage"] == "batch"}
-    # packed MBS climbs while it gets faster; unpacked MBS 2 is judged after its first measured step and stopped
-    assert [n for n in state["stages"][1]["ran"]] == [f"fsdp-ep2_packed_mbs{m}_rc-none_cg-none" for m in (2, 4, 8)] \
+    # the capacities climb while they get faster (16384 pruned), then unpacked MBS: MBS 1 is the layout stage's
+    # trial again, MBS 2 is judged after its first measured step and stopped, which ends that ladder
+    assert state["stages"][1]["ran"] == [f"fsdp-ep2_pack{c}_mbs1_rc-none_cg-none" for c in (4096, 8192)] \
         + [f"fsdp-ep2_unpacked_mbs{m}_rc-none_cg-none" for m in (1, 2)]
     stopped = by_name["fsdp-ep2_unpacked_mbs2_rc-none_cg-none"]
     assert stopped["status"] == "stopped" and stopped["metrics"]["steps"] == results.SKIP + 1
     assert stopped["metrics"]["useful_tokens_per_s_per_gpu"] < 0.8 * state["stages"][1]["best_useful"]
-    assert by_name["fsdp-ep2_packed_mbs8_rc-none_cg-none"]["status"] == "ok"
+    assert by_name["fsdp-ep2_pack8192_mbs1_rc-none_cg-none"]["status"] == "ok"
+    assert state["stages"][1]["best"] == "fsdp-ep2_pack8192_mbs1_rc-none_cg-none"
 
 
 def test_ranking_by_median_of_finalist_repeats(searched: tuple[dict[str, Any], Replay, Path]) -> None:
     state, _, tmp = searched
     fin = state["finalists"]
-    assert [f["name"] for f in fin] == ["3d-ep2_packed_mbs8_rc-none_cg-none_cutlass",
-                                        "3d-ep2_packed_mbs8_rc-none_cg-none_cutlass_fused"]
+    assert [f["name"] for f in fin] == ["3d-ep2_pack8192_mbs1_rc-none_cg-none_cutlass",
+                                        "3d-ep2_pack8192_mbs1_rc-none_cg-none_cutlass_fused"]
     assert all(len(f["repeats"]) == 2 and f["median"] == pytest.approx(sum(f["repeats"]) / 2) for f in fin)
     assert state["winner"]["name"] == fin[0]["name"] and fin[0]["median"] > fin[1]["median"]
     gains = {s["name"]: (s.get("before_useful"), s.get("best_useful")) for s in state["stages"]}
@@ -149,6 +184,7 @@ def test_ranking_by_median_of_finalist_repeats(searched: tuple[dict[str, Any], R
     paths = outputs.write(state, tmp, "vlmtrain tune (replay)", None)
     md = paths["md"].read_text()
     assert "## Stage by stage" in md and "memory_fits" in md and fin[0]["name"] in md and "stopped" in md
+    assert "| batch | data.packing, train.micro_batch_size |" in md
     assert all(paths[k].stat().st_size > 1000 for k in ("stages", "memory", "throughput"))
     assert len(paths["csv"].read_text().splitlines()) == len(state["trials"]) + 1
 
@@ -193,20 +229,24 @@ def test_preset_composes_and_passes_the_dry_run(searched: tuple[dict[str, Any], 
     run = compose([f"hydra.searchpath=[file://{tmp_path}]", "experiment=tuned"], output_dir=str(tmp_path / "run"))
     assert config_key([f"hydra.searchpath=[file://{tmp_path}]", "experiment=tuned"]) == config_key(
         [*base, *state["winner"]["overrides"]])
-    assert run.parallelism.kind == "3d" and run.data.packing and run.train.micro_batch_size == 8
+    assert run.parallelism.kind == "3d" and run.data.packing == 8192 and run.train.micro_batch_size == 1
+    assert run.train.global_batch_size == 2 and not run.preflight.ignore
     assert run.hardware.env["NVTE_USE_CUTLASS_GROUPED_GEMM"] in (1, "1")
     assert plan.dry_run(run) == 0
 
 
 def test_default_spec_follows_the_guidance() -> None:
-    """FSDP layouts first, MBS with packing, recompute x graphs together, dispatcher, kernels, precision, 3D last
-    and gated on headroom; layouts that divide, ETP only at TP."""
+    """FSDP layouts first, packing capacity (MBS 1) then MBS unpacked, recompute x graphs together, dispatcher,
+    kernels, precision, 3D last and gated on headroom; layouts that divide, ETP only at TP."""
     s = spec.load("default")
     assert [st.name for st in s.stages] == ["layout", "batch", "recompute_graphs", "dispatcher", "kernels",
                                             "precision", "3d"]
-    assert s.stages[0].vary == {"layout": "fsdp"} and s.stages[-1].vary == {"layout": "3d"}
-    assert s.stages[-1].gate and s.stages[1].ladder == "train.micro_batch_size"
-    assert set(s.stages[2].vary) == {"recompute", "cuda_graph"}
+    assert s.stages[0].grids == [{"layout": "fsdp"}] and s.stages[-1].grids == [{"layout": "3d"}]
+    packed, unpacked = s.stages[1].grids
+    assert packed["train.micro_batch_size"] == 1 and all(isinstance(c, int) for c in packed["data.packing"])
+    assert unpacked["data.packing"] is False and len(unpacked["train.micro_batch_size"]) > 4
+    assert s.stages[-1].gate and s.stages[1].ladder == ("data.packing", "train.micro_batch_size")
+    assert s.stages[2].knobs == ["recompute", "cuda_graph"] and s.get("packed_rows")["tokens_per_sample"] > 0
     assert space.layouts("fsdp", 8, 8, 128, 48) == ["fsdp-ep1", "fsdp-ep2", "fsdp-ep4", "fsdp-ep8"]
     three_d = space.layouts("3d", 8, 8, 128, 48)
     assert "3d-tp2-pp2-vpp2-ep2-etp2" in three_d and "3d-tp2-ep4" in three_d and "3d-pp8-ep2" not in three_d
@@ -214,6 +254,46 @@ def test_default_spec_follows_the_guidance() -> None:
     assert space.layouts("3d", 1, 1, 128, 4) == ["3d-ep1"]
     with pytest.raises(spec.SpecError, match="write <fsdp"):
         spec.layout_overrides("3d-xp2")
+
+
+H1 = ["model=qwen3_vl_30b_a3b", "model.num_layers=4", "hardware=h200", "data=realistic", "train.seq_length=4096",
+      "gpus_per_node=1", "train.global_batch_size=48", "vision=trainable", "precision=bf16"]
+
+
+def test_h1_batch_stage_prunes_by_the_capacity() -> None:
+    """On one H200 (the H1 tune of benchmarks/README.md) the default batch stage keeps the capacities the memory
+    estimate fits, each at MBS 1 with the base's 48 samples as rows, and prunes the rest before anything runs."""
+    s = spec.load("default")
+    s.base = [*s.base, *H1]
+    space.fill_defaults(s)
+    run = space.placed(s.base, 1)
+    batch = s.stages[1]
+    cands = space.prune(s, space.candidates(s, [{**s.defaults, "layout": "fsdp-ep1"}],
+                                            space.stage_values(batch, run, 1, 1)), 1)
+    live = {c.values["data.packing"]: c.overrides for c in cands if not c.pruned and c.values["data.packing"]}
+    assert {cap: [o for o in ov if o.startswith("train.global")] for cap, ov in live.items()} == {
+        4096: ["train.global_batch_size=12"], 8192: ["train.global_batch_size=6"],
+        12288: ["train.global_batch_size=4"]}
+    refused = {c.name: c.findings[0] for c in cands if c.pruned}
+    assert len(refused) == len(cands) - len(live) - 2  # unpacked MBS 1 and 2 fit
+    assert all(why.startswith("[error] memory_fits") for why in refused.values())
+    assert {c.values["data.packing"] for c in cands if c.pruned} == {16384, 24576, 32768, False}
+
+
+def test_h1_hand_found_preset_passes_preflight_on_one_h200() -> None:
+    """The --versus configuration of the H1 command in benchmarks/README.md: composes, one GPU, 4 layers, packing
+    by token budget at MBS 1, and preflight has no error without preflight.ignore."""
+    from vlmtrain.check import preflight
+    from vlmtrain.config import world
+    from vlmtrain.config.resolve import resolve
+
+    readme = (ROOT / "benchmarks" / "README.md").read_text().split("## vlmtrain tune on one H200")[1]
+    versus = readme.split('--versus "')[1].split('"')[0].split()
+    assert not any(o.startswith("preflight.") for o in versus)
+    run = space.placed(versus, 1)
+    assert world.layout(run).world_size == 1 and run.model.num_layers == 4 and run.train.micro_batch_size == 1
+    assert run.data.packing and not run.preflight.ignore
+    assert preflight.errors(preflight.check(run, resolve(run))) == []
 
 
 def test_cli_surface() -> None:

@@ -28,10 +28,9 @@ def default_name(base: list[str]) -> str:
 
 def main(args: argparse.Namespace) -> int:
     from vlmtrain.config import world
-    from vlmtrain.config.compose import compose
     from vlmtrain.config.overrides import check_args
     from vlmtrain.observe import results
-    from vlmtrain.tune import outputs, search, spec, trials
+    from vlmtrain.tune import outputs, search, space, spec, trials
 
     config, launcher = split(args.overrides)
     if problem := check_args(config):
@@ -45,9 +44,7 @@ def main(args: argparse.Namespace) -> int:
     name = args.name or default_name(sp.base)
     out = args.dir or Path("outputs") / "tune" / name
     node_gpus = 0 if any("slurm" in o for o in launcher) else world.local_gpus()  # Slurm: the declared world
-    run = compose(sp.base)
-    run.gpus_per_node = world.placement(run, node_gpus).gpus_per_node
-    gpus = world.layout(run).world_size
+    gpus = world.layout(space.placed(sp.base, node_gpus)).world_size
     if node_gpus == 0 and not launcher and not args.plan:
         print("vlmtrain tune: no GPU on this machine: add --plan for the candidate space, or run on a GPU node "
               "(or with hydra/launcher=slurm)", file=sys.stderr)

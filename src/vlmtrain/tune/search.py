@@ -116,20 +116,18 @@ class Search:
     def run_stage(self, stage: Stage, parents: list[dict[str, Any]], incumbent: dict[str, Any] | None
                   ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
         """Run one stage; (its survivors' knob values, the new incumbent: {name, values, useful, mfu})."""
-        from vlmtrain.config.compose import compose
-        from vlmtrain.config.world import layout, placement
+        from vlmtrain.config.world import layout
 
-        record: dict[str, Any] = {"name": stage.name, "vary": stage.vary, "ran": [], "pruned": []}
+        record: dict[str, Any] = {"name": stage.name, "vary": stage.knobs, "ran": [], "pruned": []}
         self.state["stages"].append(record)
         mfu_below = stage.gate.get("mfu_below")
         if mfu_below is not None and incumbent is not None and (incumbent.get("mfu") or 0) >= mfu_below:
             record["skipped"] = f"the incumbent's MFU {incumbent['mfu']:.1%} is not below {mfu_below:.0%}"
             return parents, incumbent
-        run = compose(self.spec.base)
-        run.gpus_per_node = placement(run, self.node_gpus).gpus_per_node
+        run = space.placed(self.spec.base, self.node_gpus)
         lay = layout(run)
         varied = space.stage_values(stage, run, lay.world_size, lay.gpus_per_node)
-        cands = space.prune(self.spec, space.candidates(self.spec, stage, parents, varied), self.node_gpus)
+        cands = space.prune(self.spec, space.candidates(self.spec, parents, varied), self.node_gpus)
         record["pruned"] = [{"name": c.name, "findings": c.findings} for c in cands if c.pruned]
         live = [c for c in cands if not c.pruned]
         record["candidates"] = len(cands)
@@ -159,12 +157,12 @@ class Search:
         return survivors, new
 
     def _ladder(self, stage: Stage, live: list[space.Candidate]) -> list[tuple[space.Candidate, trials.Outcome]]:
-        """Per combination of the other knobs, the ladder knob's values in order until one is slower or fails."""
-        assert stage.ladder is not None
+        """Per grid and combination of the other knobs, the ladder knobs' values in order until one is slower or
+        fails (packed: the capacities; unpacked: MBS)."""
         groups: dict[str, list[space.Candidate]] = {}
         for c in live:
-            groups.setdefault(json.dumps({k: v for k, v in c.values.items() if k != stage.ladder}, default=str),
-                              []).append(c)
+            others = {k: v for k, v in c.values.items() if k not in stage.ladder}
+            groups.setdefault(json.dumps([c.grid, others], default=str), []).append(c)
         done = []
         for members in groups.values():
             top = None

@@ -3,8 +3,9 @@
 Layouts (`layout: fsdp` or `3d` in a stage's `vary`) are every degree set whose sizes divide: EP divides the
 experts and the ranks of a stage, TP the GPUs of a node, PP the decoder layers, VPP a stage's layers; ETP only at
 ETP = TP, and preflight's `etp_while_ep_fits` then refuses it where EP alone is enough (the guidance: ETP only when
-EP is not enough). Each candidate is composed as train.py would, placed on the world it will run on and checked by
-preflight (its memory estimate included): a candidate with an error finding is pruned, its findings kept as why.
+EP is not enough). A packed candidate (data.packing=<capacity>, MBS 1) trains GBS in rows (`packed_rows`). Each
+candidate is composed as train.py would, placed on the world it will run on and checked by preflight (its memory
+estimate, which reads the capacity, included): a candidate with an error finding is pruned, its findings kept as why.
 """
 
 from __future__ import annotations
@@ -53,30 +54,70 @@ class Candidate:
     values: dict[str, Any]
     name: str
     overrides: list[str]
+    grid: int = 0
+    """Which of the stage's grids it comes from (a ladder climbs per grid)."""
     findings: list[str] = field(default_factory=list)
     """Preflight's findings: errors (why it was pruned) first."""
     pruned: bool = False
 
 
-def stage_values(stage: Stage, run: RunConfig, world_size: int, gpus_per_node: int) -> dict[str, list[Any]]:
-    """Each varied knob's values; `layout: fsdp|3d` expanded for this world and model."""
-    out = {}
-    for knob, values in stage.vary.items():
-        if knob == "layout" and values in LAYOUT_KINDS:
-            values = layouts(values, world_size, gpus_per_node, run.model.num_experts, run.model.num_layers)
-        out[knob] = list(values) if isinstance(values, list) else [values]
+def stage_values(stage: Stage, run: RunConfig, world_size: int, gpus_per_node: int) -> list[dict[str, list[Any]]]:
+    """Each grid's knobs and their values; `layout: fsdp|3d` expanded for this world and model."""
+    out = []
+    for grid in stage.grids:
+        varied = {}
+        for knob, values in grid.items():
+            if knob == "layout" and values in LAYOUT_KINDS:
+                values = layouts(values, world_size, gpus_per_node, run.model.num_experts, run.model.num_layers)
+            varied[knob] = list(values) if isinstance(values, list) else [values]
+        out.append(varied)
     return out
 
 
-def candidates(spec: Spec, stage: Stage, parents: list[dict[str, Any]], varied: dict[str, list[Any]]) -> list[
-        Candidate]:
-    """Every parent (a survivor of the last stage) with every combination of the stage's values, once each."""
+def candidates(spec: Spec, parents: list[dict[str, Any]], grids: list[dict[str, list[Any]]]) -> list[Candidate]:
+    """Every parent (a survivor of the last stage) with every combination of each grid's values, once each."""
     seen: dict[str, Candidate] = {}
     for parent in parents:
-        for combo in itertools.product(*varied.values()):
-            case = spec.case({**parent, **dict(zip(varied, combo, strict=True))})
-            seen.setdefault(case.name, Candidate(case.values, case.name, case.overrides))
+        for i, varied in enumerate(grids):
+            for combo in itertools.product(*varied.values()):
+                case = spec.case({**parent, **dict(zip(varied, combo, strict=True))})
+                seen.setdefault(case.name, Candidate(case.values, case.name, case.overrides, i))
     return list(seen.values())
+
+
+def placed(overrides: list[str], node_gpus: int) -> RunConfig:
+    """The run as train.py composes it, on the world it will run on."""
+    from vlmtrain.config import world
+    from vlmtrain.config.compose import compose
+
+    run = compose(overrides)
+    run.gpus_per_node = world.placement(run, node_gpus).gpus_per_node
+    return run
+
+
+def packed_rows(spec: Spec, overrides: list[str], node_gpus: int) -> list[str]:
+    """`train.global_batch_size=<rows>` for a packed candidate, where the spec has `packed_rows: {tokens_per_sample:
+    N}`: about the base's samples per step as rows of the capacity (GBS x N / capacity, to the nearest multiple of
+    DP, at least DP), since with a capacity GBS counts rows (preflight's packing_is_one_bin); [] otherwise."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from vlmtrain.config import world
+    from vlmtrain.config.groups.data import capacity
+
+    per_sample = (spec.get("packed_rows") or {}).get("tokens_per_sample")
+    if not per_sample:
+        return []
+    try:
+        run = placed(overrides, node_gpus)
+    except (HydraException, OmegaConfBaseException, ValueError):
+        return []  # check() reports it
+    cap = capacity(run)
+    if cap is None:
+        return []
+    dp = world.layout(run).dp
+    rows = max(1, math.floor(run.train.global_batch_size * per_sample / cap / dp + 0.5)) * dp
+    return [f"train.global_batch_size={rows}"]
 
 
 def check(overrides: list[str], node_gpus: int) -> list[str]:
@@ -86,13 +127,10 @@ def check(overrides: list[str], node_gpus: int) -> list[str]:
     from omegaconf.errors import OmegaConfBaseException
 
     from vlmtrain.check import preflight
-    from vlmtrain.config import world
-    from vlmtrain.config.compose import compose
     from vlmtrain.config.resolve import resolve
 
     try:
-        run = compose(overrides)
-        run.gpus_per_node = world.placement(run, node_gpus).gpus_per_node
+        run = placed(overrides, node_gpus)
         findings = preflight.check(run, resolve(run))
     except (HydraException, OmegaConfBaseException, ValueError) as e:
         return [f"[error] compose: {' '.join(f'{type(e).__name__}: {e}'.split())}"]
@@ -105,8 +143,10 @@ def check(overrides: list[str], node_gpus: int) -> list[str]:
 
 
 def prune(spec: Spec, cands: list[Candidate], node_gpus: int) -> list[Candidate]:
-    """Mark the candidates preflight refuses (pruned, with the findings that say why); returns all of them."""
+    """Size packed candidates' GBS in rows, then mark the candidates preflight refuses (pruned, with the findings
+    that say why); returns all of them."""
     for c in cands:
+        c.overrides = [*c.overrides, *packed_rows(spec, [*spec.base, *c.overrides], node_gpus)]
         c.findings = check([*spec.base, *c.overrides], node_gpus)
         c.pruned = any(f.startswith("[error]") for f in c.findings)
     return cands

@@ -25,7 +25,7 @@ SPEC_DIR = CONF_DIR / "tune"
 LAYOUT = re.compile(r"^(fsdp|3d)((?:-(?:tp|pp|vpp|cp|ep|etp)\d+)*)$")
 TOP_KEYS = frozenset({"base", "knobs", "defaults", "prefix", "sweeps", "stages", "finalists", "early_stop",
                       "claims", "best", "tie", "mock_pair", "gpus", "iterations", "case_s", "results",
-                      "packed", "kernels_best"})
+                      "packed", "kernels_best", "packed_rows"})
 MBS, GBS = "train.micro_batch_size", "train.global_batch_size"
 
 
@@ -114,15 +114,21 @@ class Case:
 @dataclass(frozen=True)
 class Stage:
     name: str
-    vary: dict[str, Any]
-    """knob -> values; for `layout` also `fsdp` or `3d`: every such layout the world allows (vlmtrain.tune.space)."""
+    grids: list[dict[str, Any]]
+    """knob -> values, one mapping per grid (`vary`: a mapping, or a list of them whose candidates come in order);
+    for `layout` also `fsdp` or `3d`: every such layout the world allows (vlmtrain.tune.space)."""
     iterations: int
     keep: int = 1
     """Survivors: the next stage varies its knobs on each of them."""
-    ladder: str | None = None
-    """A knob whose values run in order, per combination of the others, until one is slower or fails."""
+    ladder: tuple[str, ...] = ()
+    """Knobs whose values run in order, per grid and combination of the others, until one is slower or fails."""
     gate: dict[str, float] = field(default_factory=dict)
     """`mfu_below: X`: run only while the incumbent's MFU is below X (the 3D stage: headroom worth the work)."""
+
+    @property
+    def knobs(self) -> list[str]:
+        """The knobs the stage varies, in order."""
+        return list(dict.fromkeys(k for grid in self.grids for k in grid))
 
 
 @dataclass
@@ -189,8 +195,10 @@ def _knob(key: str, raw: Any) -> Knob:
 
 def _stage(raw: dict[str, Any]) -> Stage:
     try:
-        return Stage(name=raw["name"], vary=dict(raw["vary"]), iterations=int(raw["iterations"]),
-                     keep=int(raw.get("keep", 1)), ladder=raw.get("ladder"), gate=dict(raw.get("gate") or {}))
+        vary, ladder = raw["vary"], raw.get("ladder") or ()
+        return Stage(name=raw["name"], grids=[dict(g) for g in (vary if isinstance(vary, list) else [vary])],
+                     iterations=int(raw["iterations"]), keep=int(raw.get("keep", 1)),
+                     ladder=(ladder,) if isinstance(ladder, str) else tuple(ladder), gate=dict(raw.get("gate") or {}))
     except KeyError as e:
         raise SpecError(f"stage {raw.get('name', '?')}: missing {e.args[0]!r} (name, vary, iterations)") from e
 
@@ -214,5 +222,9 @@ def load(name: str | Path) -> Spec:
     spec = Spec(path.stem, raw, knobs, {}, list(raw.get("base") or []), [_stage(s) for s in raw.get("stages") or []])
     spec.defaults = spec.values(raw.get("defaults") or {})
     for stage in spec.stages:
-        spec.values(stage.vary)  # every varied knob is declared
+        for grid in stage.grids:
+            spec.values(grid)  # every varied knob is declared
+        if set(stage.ladder) - set(stage.knobs):
+            raise SpecError(f"stage {stage.name}: ladder {', '.join(stage.ladder)} is not among its knobs "
+                            f"({', '.join(stage.knobs)})")
     return spec
