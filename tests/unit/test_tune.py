@@ -282,7 +282,8 @@ def test_h1_batch_stage_prunes_by_the_capacity() -> None:
 
 def test_h1_hand_found_preset_passes_preflight_on_one_h200() -> None:
     """The --versus configuration of the H1 command in benchmarks/README.md: composes, one GPU, 4 layers, packing
-    by token budget at MBS 1, and preflight has no error without preflight.ignore."""
+    by token budget at MBS 1 with the rows the tune gives a candidate of its capacity (equal work per step), and
+    preflight has no error without preflight.ignore."""
     from vlmtrain.check import preflight
     from vlmtrain.config import world
     from vlmtrain.config.resolve import resolve
@@ -293,6 +294,9 @@ def test_h1_hand_found_preset_passes_preflight_on_one_h200() -> None:
     run = space.placed(versus, 1)
     assert world.layout(run).world_size == 1 and run.model.num_layers == 4 and run.train.micro_batch_size == 1
     assert run.data.packing and not run.preflight.ignore
+    s = spec.load("default")
+    rows = space.packed_rows(s, [*H1, f"data.packing={run.data.packing}", "train.micro_batch_size=1"], 1)
+    assert rows == [f"train.global_batch_size={run.train.global_batch_size}"]
     assert preflight.errors(preflight.check(run, resolve(run))) == []
 
 
