@@ -1,8 +1,8 @@
-"""Issue 9.3: vlmtrain vs Bridge's pretrain() alone on the identical ConfigContainer.
+"""Issue 9.3: vlmtrain vs Bridge's pretrain() alone on the identical ConfigContainer (conf/tune/perf_h200x2.yaml cases).
 
     python benchmarks/overhead.py [--case SUBSTR] [--pairs 2] [--iterations 20] [--pool K] [--dry-run]
 
-The code is vlmtrain.observe.bench.overhead (its docstring, or --help, says the rest).
+The same as `vlmtrain overhead perf_h200x2 ...` (vlmtrain.tune.ab: its docstring, or --help, says the rest).
 """
 
 import sys
@@ -10,14 +10,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from vlmtrain.observe.bench.overhead import main  # noqa: E402
-from vlmtrain.report import profile  # noqa: E402
-
-
-def profile_summary(run_dir: Path) -> dict | None:
-    """A side's traced step (vlmtrain.report.profile), None when it traced none."""
-    return profile.summarize(run_dir) if (run_dir / profile.TRACE).exists() else None
-
+from vlmtrain.cli import main  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main(profile_summary=profile_summary))
+    sys.exit(main(["overhead", "perf_h200x2", "--entry", "python benchmarks/overhead.py", *sys.argv[1:]]))

@@ -17,9 +17,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from vlmtrain.observe import results  # noqa: E402
 from vlmtrain.observe.bench import cases as run_cases  # noqa: E402
-from vlmtrain.observe.bench import perf_h200x2  # noqa: E402
 from vlmtrain.observe.bench.cases import ROOT, Case  # noqa: E402
 from vlmtrain.report import profile  # noqa: E402
+from vlmtrain.tune import bench, spec  # noqa: E402
+
+PERF = spec.load("perf_h200x2")
 
 
 def profile_case(case: Case, step: int) -> Case:
@@ -31,13 +33,13 @@ def profile_case(case: Case, step: int) -> Case:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--case", default=perf_h200x2.BEST.name(), help="a perf_h200x2 case name (any sweep)")
+    ap.add_argument("--case", default=PERF.case(PERF.get("best")).name, help="a perf_h200x2 case name (any sweep)")
     ap.add_argument("--step", type=int, default=5, help="the profiled iteration (after warm-up)")
     ap.add_argument("--extra", nargs="*", default=[], help="overrides added to the case (e.g. what a fix changes)")
     ap.add_argument("--results", type=Path, default=ROOT / "results" / "profile_h200x2.jsonl")
     ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "profile")
     args = ap.parse_args(argv)
-    cases = {c.name: c for c, _ in perf_h200x2.expand(["all"])}
+    cases = {c.name: bench.as_run_case(PERF, c, int(PERF.get("iterations"))) for c in PERF.expand(["all"])}
     if args.case not in cases:
         raise SystemExit(f"unknown case {args.case!r}; see python benchmarks/perf_h200x2.py --sweep all --list")
     base = cases[args.case]

@@ -78,6 +78,29 @@ def _data_check(args: argparse.Namespace) -> int:
     return 1 if report.bad else 0
 
 
+def _spec_command(args: argparse.Namespace) -> int:
+    """`vlmtrain sweep` / `vlmtrain overhead` on a spec; imported lazily like report."""
+    from vlmtrain.tune import ab, bench, spec
+
+    try:
+        sp = spec.load(args.spec)
+    except spec.SpecError as e:
+        print(f"vlmtrain {args.command}: {e}", file=sys.stderr)
+        return 2
+    args.entry = args.entry or f"vlmtrain {args.command} {args.spec}"
+    return (bench.main if args.command == "sweep" else ab.main)(sp, args)
+
+
+def _tune(args: argparse.Namespace) -> int:
+    from vlmtrain.tune import command, spec
+
+    try:
+        return command.main(args)
+    except (spec.SpecError, ValueError) as e:
+        print(f"vlmtrain tune: {e}", file=sys.stderr)
+        return 2
+
+
 def parser() -> argparse.ArgumentParser:
     """One sub-parser per command, so later commands add a function and three lines here."""
     ap = argparse.ArgumentParser(prog="vlmtrain", description=__doc__)
@@ -112,6 +135,22 @@ def parser() -> argparse.ArgumentParser:
                               "status 1 when there is a bad sample.")
     chk.add_argument("overrides", nargs="*", help="train.py overrides (data=..., data.path=..., train.seq_length=...)")
     chk.set_defaults(func=_data_check)
+    from vlmtrain.tune import ab, bench, command  # argparse definitions only: no torch, no Bridge
+
+    command.add_parser(sub)
+    sub.choices["tune"].set_defaults(func=_tune)
+    swp = sub.add_parser("sweep", help="run a spec's named sweeps of cases, one results row each; its report",
+                         description=bench.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    swp.add_argument("spec", help="conf/tune/<spec>.yaml (e.g. perf_h200x2) or a path")
+    swp.add_argument("--entry", help=argparse.SUPPRESS)  # the command the rows and the report name
+    bench.add_arguments(swp)
+    swp.set_defaults(func=_spec_command)
+    ovh = sub.add_parser("overhead", help="vlmtrain vs Bridge's pretrain() alone on a spec's case, in A/B pairs",
+                         description=ab.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ovh.add_argument("spec", help="conf/tune/<spec>.yaml (e.g. perf_h200x2) or a path")
+    ovh.add_argument("--entry", help=argparse.SUPPRESS)
+    ab.add_arguments(ovh)
+    ovh.set_defaults(func=_spec_command)
     return ap
 
 

@@ -345,8 +345,8 @@ FROZEN_OPTIONS: dict[str, tuple[str, ...]] = {
     "precision": ("bf16", "fp8", "mxfp8", "nvfp4"),
     "train": (),  # set field by field in conf/train.yaml, no options
 }
-NOT_GROUPS = ("experiment", "hydra")
-"""conf/ folders that are no config group: presets over several groups, and Hydra's own settings."""
+NOT_GROUPS = ("experiment", "hydra", "tune")
+"""conf/ folders that are no config group: presets over several groups, Hydra's own settings, sweep and tune specs."""
 
 
 def test_no_new_groups_or_options():

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src"
-STAGES = ("config", "data", "check", "build", "launch", "train", "observe", "report")
+STAGES = ("config", "data", "check", "build", "launch", "train", "observe", "report", "tune")
 WIRING = frozenset({"vlmtrain.cli", "vlmtrain.flow", "vlmtrain.worker"})
 SWEEPER_MAY_IMPORT = frozenset({"config", "check", "launch"})
 

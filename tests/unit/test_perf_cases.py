@@ -1,5 +1,6 @@
-"""Issue 9 benchmarks on CPU: every perf_h200x2 case expands and passes preflight as train.py would compose it, rows
-are assembled from real GPU run files, and overhead reads Bridge's own step times from real Bridge logs."""
+"""Issue 9 benchmarks on CPU: every case of the declarative spec conf/tune/perf_h200x2.yaml expands and passes
+preflight as train.py would compose it, rows are assembled from real GPU run files, the report is produced from the
+results file alone, and overhead reads Bridge's own step times from real Bridge logs."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from vlmtrain.config import world
 from vlmtrain.config.compose import compose
 from vlmtrain.observe.bench import cases as run_cases
 from vlmtrain.observe.bench import overhead
-from vlmtrain.observe.bench import perf_h200x2 as perf
+from vlmtrain.tune import ab, bench, bench_report, spec
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -23,10 +24,26 @@ GPU_CASES = ROOT / "tests" / "fixtures" / "gpu_cases"
 FIXTURES = sorted(d for d in GPU_CASES.iterdir() if (d / "train.log").exists())
 FSDP_EP2 = GPU_CASES / "30b-shape-l4_fsdp_ep2_trainable_recompute-none_graph-none_2gpu"
 THREE_D_EP2 = GPU_CASES / "30b-shape-l4_3d_ep2_trainable_recompute-none_graph-none_2gpu"
-ALL = perf.expand(["all"])
+PERF = spec.load("perf_h200x2")
+GPUS, ITERATIONS = PERF.get("gpus"), PERF.get("iterations")
+GBS = PERF.defaults["train.global_batch_size"]
+B, BEST = PERF.case({}), PERF.case(PERF.get("best"))
+ALL = [(bench.as_run_case(PERF, c, ITERATIONS), c) for c in PERF.expand(["all"])]
 MEASURED = ROOT / "tests" / "fixtures" / "perf_h200x2" / "results.jsonl"
 """results/perf_h200x2.jsonl as of the last sweep, copied (tests/fixtures/README.md): the rows the claims rest on."""
 BENCHMARK = ["model=qwen3_vl_30b_a3b", "model.num_layers=8", "train.seq_length=4096", "hardware=h200"]
+ENTRY = "python benchmarks/perf_h200x2.py"
+
+
+def perf_main(*argv: str) -> int:
+    """benchmarks/perf_h200x2.py's command line (`vlmtrain sweep perf_h200x2 ...`)."""
+    from vlmtrain import cli
+
+    return cli.main(["sweep", "perf_h200x2", "--entry", ENTRY, *argv])
+
+
+def expand(sweeps: list[str], only: list[str] | None = None) -> list[run_cases.Case]:
+    return [bench.as_run_case(PERF, c, ITERATIONS) for c in PERF.expand(sweeps, only)]
 
 
 def composed(case: run_cases.Case) -> object:
@@ -34,35 +51,70 @@ def composed(case: run_cases.Case) -> object:
 
 
 def test_sweeps_expand_to_unique_benchmark_cases() -> None:
-    assert {k.name() for k in perf.SWEEPS["mbs"]} <= {c.name for c, _ in ALL}
-    assert len({c.name for c, _ in ALL}) == len(ALL) == len({k for ks in perf.SWEEPS.values() for k in ks})
-    for sweep, knobs in perf.SWEEPS.items():
-        assert len(perf.expand([sweep])) == len(knobs) >= 2, sweep
+    assert {c.name for c in PERF.expand(["mbs"])} <= {c.name for c, _ in ALL}
+    everything = {PERF.case(e).name for sweep in PERF.get("sweeps") for e in PERF.entries(sweep)}
+    assert len({c.name for c, _ in ALL}) == len(ALL) == len(everything) == 32
+    for sweep in PERF.get("sweeps"):
+        assert len(PERF.expand([sweep])) == len(PERF.entries(sweep)) >= 2, sweep
     for case, k in ALL:
         assert case.gpus == 2 and all(o in case.overrides for o in BENCHMARK), case.name
-        assert ("frozen" in case.name) == (k.vision == "frozen"), case.name
-        rows = k.gbs // k.mbs if k.packing else k.gbs  # a packed knob's GBS counts rows of MBS x 1024 tokens
-        assert f"train.global_batch_size={rows}" in case.overrides, case.name
-        assert (f"_gbs{k.gbs}" in case.name) == (k.gbs != perf.GBS), case.name
-    assert [c.name for c, _ in perf.expand(["all"], ["mock"])] == [perf.dataclasses.replace(perf.B, data="mock").name()]
+        assert ("frozen" in case.name) == (k.values["vision"] == "frozen"), case.name
+        gbs, mbs, packed = (k.values[key] for key in ("train.global_batch_size", "train.micro_batch_size",
+                                                       "data.packing"))
+        assert (f"_gbs{gbs}" in case.name) == (gbs != GBS) and (f"_mbs{mbs}_" in case.name), case.name
+        # a packed case of MBS m runs one row of max(m x 1024, 4096) tokens per micro-batch, MBS 1, GBS / m rows
+        runs = (f"data.packing={max(mbs * 1024, 4096)}", 1, gbs // mbs) if packed else (None, mbs, gbs)
+        assert [o for o in case.overrides if o.startswith("data.packing")] == [o for o in runs[:1] if o], case.name
+        assert {f"train.micro_batch_size={runs[1]}", f"train.global_batch_size={runs[2]}"} <= set(case.overrides)
+        assert not any(o.startswith("preflight.ignore") for o in case.overrides), case.name  # the estimate fits
+    assert [c.name for c in expand(["all"], ["mock"])] == [PERF.case({"data": "mock"}).name]
+
+
+def legacy_as_run(config: list[str]) -> list[str]:
+    """A row recorded before packing by token budget (m samples packed per micro-batch: data.packing=true, from
+    MBS 4 on with preflight.ignore=[memory_fits]) as the capacity form its case now runs as."""
+    if "data.packing=true" not in config:
+        return config
+    kept = [o for o in config if o != "preflight.ignore=[memory_fits]"]
+    return spec.mbs_as_capacity(kept, "data.packing", **PERF.knobs["data.packing"].mbs_as_capacity)
+
+
+def test_cases_are_the_recorded_rows_configs() -> None:
+    """Every case that ran on 2 x H200 composes from exactly the overrides its latest row records; a packed row
+    recorded MBS-sample packing, and its case runs that row's MBS as a capacity under the same name."""
+    rows = bench_report.latest_rows(MEASURED)
+    matched, packed = 0, 0
+    for case, _ in ALL:
+        row = rows.get(case.name)
+        if row and "config" in row:
+            assert sorted(run_cases.overrides(case)) == sorted(legacy_as_run(row["config"])), case.name
+            matched += 1
+            packed += "data.packing=true" in row["config"]
+    assert matched >= 25 and packed >= 10
+    # the smallest packed case (MBS 2: the 4096-token floor) and the preset's case (perf_h200x2_best.yaml)
+    forms = {c.name: {o for o in c.overrides if o.startswith(("data.packing", "train.micro", "train.global"))}
+             for c, _ in ALL}
+    assert forms[PERF.case({"train.micro_batch_size": 2, "data.packing": True}).name] == {
+        "data.packing=4096", "train.micro_batch_size=1", "train.global_batch_size=8"}
+    assert forms[BEST.name] == {"data.packing=12288", "train.micro_batch_size=1", "train.global_batch_size=8"}
 
 
 @pytest.mark.parametrize(("case", "knobs"), ALL, ids=[c.name for c, _ in ALL])
-def test_every_case_passes_preflight(case: run_cases.Case, knobs: perf.Knobs) -> None:
-    """Packed knobs run as capacities that the memory estimate reads: beyond the preset's 12288 tokens (MBS 16,
+def test_every_case_passes_preflight(case: run_cases.Case, knobs: spec.Case) -> None:
+    """Packed cases run as capacities that the memory estimate reads: beyond the preset's 12288 tokens (MBS 16,
     which ran out of memory on the GPU as MBS-sample packing) it refuses them."""
     run = composed(case)
     refused = [f.rule for f in preflight.errors(preflight.check(run))]
-    too_big = knobs.packing and knobs.mbs * perf.PACKED_TOKENS_PER_SAMPLE > 12288
+    too_big = knobs.values["data.packing"] and run.data.packing > 12288
     assert refused == (["memory_fits"] if too_big else [])
     assert world.layout(run).world_size == 2 and run.train.seq_length == 4096 and run.model.num_layers == 8
 
 
 def test_mbs_sweep_changes_only_grad_accum() -> None:
-    runs = [composed(c) for c, _ in perf.expand(["mbs"])]
+    runs = [composed(c) for c in expand(["mbs"])]
     assert [(r.parallelism.kind, r.train.micro_batch_size) for r in runs] == [("fsdp", 1), ("fsdp", 2), ("3d", 1),
                                                                                  ("3d", 2)]
-    assert {r.train.global_batch_size for r in runs} == {perf.GBS}
+    assert {r.train.global_batch_size for r in runs} == {GBS}
     assert [r.train.global_batch_size // (r.train.micro_batch_size * world.layout(r).dp) for r in runs] == [8, 4] * 2
     assert {r.recompute.granularity for r in runs} == {"none"} and not any(r.vision.freeze_vision_model for r in runs)
 
@@ -78,8 +130,8 @@ def test_best_case_ships_as_the_preset(bridge: object, tmp_path: Path) -> None:
     from vlmtrain.config.groups import hardware
     from vlmtrain.train import bridge_patches
 
-    case = run_cases.Case(perf.BEST.name(), perf.GPUS, perf.BEST.overrides())
-    preset = compose(["experiment=perf_h200x2_best", f"train.iterations={perf.ITERATIONS}", "dry_run=true",
+    case = bench.as_run_case(PERF, BEST, ITERATIONS)
+    preset = compose(["experiment=perf_h200x2_best", f"train.iterations={ITERATIONS}", "dry_run=true",
                       "wandb.enabled=false"], output_dir=str(tmp_path))
     ran = compose(run_cases.overrides(case, dry_run=True), output_dir=str(tmp_path))
     assert preset.choices.pop("experiment") == "perf_h200x2_best" and preset.choices.pop("kernels") == "fast"
@@ -107,19 +159,21 @@ def test_best_case_ships_as_the_preset(bridge: object, tmp_path: Path) -> None:
     finally:
         bridge_patches.uninstall()
     assert preset.hardware.env == {k: v for k, v in ran.hardware.env.items() if k != "NVTE_USE_CUTLASS_GROUPED_GEMM"}
-    rows = perf.latest_rows(MEASURED)
+    rows = bench_report.latest_rows(MEASURED)
     full = {n: r["metrics"]["useful_tokens_per_s_per_gpu"] for n, r in rows.items()
             if n.startswith("30b-l8_") and "_trainable_" in n and "_realistic" in n
             and "useful_tokens_per_s_per_gpu" in r["metrics"]}
     # the fastest row, or within TIE of it: then every faster case is BEST at a larger GBS
-    best = full[perf.BEST.name()]
-    assert best >= (1 - perf.TIE) * max(full.values())
+    best = full[BEST.name]
+    assert best >= (1 - PERF.get("tie")) * max(full.values())
     faster = [k for c, k in ALL if full.get(c.name, 0.0) > best]
-    assert all(perf.dataclasses.replace(k, gbs=perf.BEST.gbs) == perf.BEST and k.gbs > perf.BEST.gbs for k in faster)
+    bgbs = BEST.values["train.global_batch_size"]
+    assert all({**k.values, "train.global_batch_size": bgbs} == BEST.values
+               and k.values["train.global_batch_size"] > bgbs for k in faster)
 
 
 def test_parallelism_cases_do_equal_useful_work() -> None:
-    runs = [composed(c) for c, _ in perf.expand(["parallelism"])]
+    runs = [composed(c) for c in expand(["parallelism"])]
     assert [(world.layout(r).tp, world.layout(r).ep) for r in runs] == [(1, 2), (1, 2), (2, 2), (1, 1)]
     assert [r.parallelism.kind for r in runs] == ["fsdp", "3d", "3d", "fsdp"]
     same = {(r.data.kind, r.data.payload.seed, r.train.global_batch_size, r.train.seq_length, r.train.iterations,
@@ -128,11 +182,12 @@ def test_parallelism_cases_do_equal_useful_work() -> None:
 
 
 def test_cli_lists_and_rejects_unknown_sweeps(capsys: pytest.CaptureFixture[str]) -> None:
-    assert perf.main(["--sweep", "frozen", "mock", "--list"]) == 0
+    assert perf_main("--sweep", "frozen", "mock", "--list") == 0
     out = capsys.readouterr().out
-    assert perf.dataclasses.replace(perf.B, vision="frozen").name() in out and "EP2 DP2" in out
-    with pytest.raises(SystemExit):
-        perf.main(["--sweep", "nope", "--list"])
+    assert PERF.case({"vision": "frozen"}).name in out and "EP2 DP2" in out
+    with pytest.raises(spec.SpecError, match="no sweep 'nope'"):
+        perf_main("--sweep", "nope", "--list")
+    assert perf_main("--list") == 2 and "--sweep is required" in capsys.readouterr().err
 
 
 def test_row_from_real_run_files(tmp_path: Path) -> None:
@@ -237,25 +292,25 @@ def test_pool_joins_one_sessions_rows(tmp_path: Path) -> None:
     row, are not pooled again."""
     from vlmtrain.observe import results
 
-    case = overhead.pick(perf.BEST.name(), 20)
+    case = ab.pick(PERF, BEST.name, 20)
     name, path = f"overhead_{case.name}", tmp_path / "perf.jsonl"
     pairs = [overhead.pair_record(FSDP_EP2, THREE_D_EP2, 1.0, 1.0),
              overhead.pair_record(THREE_D_EP2, FSDP_EP2, 1.0, 1.0, order="direct,vlmtrain")]
     for pair in pairs:
         results.append(path, name, "cmd", overhead.overhead_metrics([pair]), config=["a"], pairs_detail=[pair])
-    row = overhead.pool(name, 2, path, "pool cmd")
+    row = ab.pool(name, 2, path, "pool cmd")
     assert row["pairs_detail"] == pairs and row["metrics"] == overhead.overhead_metrics(pairs)
     assert row["metrics"]["pairs"] == 2 and row["pooled"] == ["cmd", "cmd"] and row["command"] == "pool cmd"
     lo, hi = row["metrics"]["overhead_ratio_pairs_ci95"]
     assert lo < 1 < hi  # one pair each way round: the interval holds both
-    assert overhead.pool(name, 2, path, "again")["pairs_detail"] == pairs  # a pooled row is not pooled again
+    assert ab.pool(name, 2, path, "again")["pairs_detail"] == pairs  # a pooled row is not pooled again
     with pytest.raises(SystemExit, match="need 3 rows"):
-        overhead.pool(name, 3, path, "cmd")
+        ab.pool(name, 3, path, "cmd")
     first = json.loads(path.read_text().splitlines()[0])
     for other in ({"date": "2026-01-01"}, {"config": ["b"]}):
         results.append_jsonl(path, first | other)
         with pytest.raises(SystemExit, match="one date, machine and config"):
-            overhead.pool(name, 2, path, "cmd")
+            ab.pool(name, 2, path, "cmd")
 
 
 def test_direct_side_gets_its_own_run_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -264,13 +319,14 @@ def test_direct_side_gets_its_own_run_dir(tmp_path: Path, capsys: pytest.Capture
     from megatron.bridge.training.config import ProfilingConfig
     from omegaconf import OmegaConf
 
+    from vlmtrain import cli
     from vlmtrain.build import container
     from vlmtrain.config.compose import load_run
 
-    assert overhead.main(["--case", perf.BEST.name(), "--extra", "train.profile_step=6", "--dry-run",
-                          "--out", str(tmp_path)]) == 0
+    assert cli.main(["overhead", "perf_h200x2", "--case", BEST.name, "--extra", "train.profile_step=6", "--dry-run",
+                     "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert f"{perf.BEST.name()}+train.profile_step=6" in out and "validated by Bridge" in out
+    assert f"{BEST.name}+train.profile_step=6" in out and "validated by Bridge" in out
     a, b = (OmegaConf.to_container(OmegaConf.load(tmp_path / d / "run_config.yaml")) for d in ("vlmtrain", "direct"))
     assert a.pop("output_dir") == str(tmp_path / "vlmtrain") and b.pop("output_dir") == str(tmp_path / "direct")
     assert a == b and a["train"]["profile_step"] == 6
@@ -281,36 +337,37 @@ def test_direct_side_gets_its_own_run_dir(tmp_path: Path, capsys: pytest.Capture
 
 def test_real_vs_mock_row_and_skip_done(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Rows of an earlier session count: the ratio row pairs them with this session's, --skip-done leaves them out."""
-    (real, _), (mock, _) = perf.expand(["mock"])
+    real, mock = expand(["mock"])
+    cmd = f"{ENTRY} --sweep mock"
     path = tmp_path / "perf.jsonl"
     run_cases.record(real, 0, THREE_D_EP2, 80.0, path, config=run_cases.overrides(real))
-    assert perf.mock_ratio_row({mock.name}, path) is None  # no mock row yet
+    assert bench.mock_ratio_row(PERF, {mock.name}, path, cmd) is None  # no mock row yet
     run_cases.record(mock, 0, FSDP_EP2, 120.0, path, config=run_cases.overrides(mock))
-    assert perf.mock_ratio_row(set(), path) is None  # neither side ran in this invocation
-    row = perf.mock_ratio_row({mock.name}, path)
+    assert bench.mock_ratio_row(PERF, set(), path, cmd) is None  # neither side ran in this invocation
+    row = bench.mock_ratio_row(PERF, {mock.name}, path, cmd)
     assert row is not None and row["config"] == {"real": run_cases.overrides(real), "mock": run_cases.overrides(mock)}
     assert row["metrics"]["real_over_mock_step_s"] < 1  # the 3D run files stand in for "real": faster steps
     capsys.readouterr()
-    assert perf.main(["--sweep", "mock", "frozen", "--skip-done", "--list", "--results", str(path)]) == 0
+    assert perf_main("--sweep", "mock", "frozen", "--skip-done", "--list", "--results", str(path)) == 0
     out = capsys.readouterr().out
     assert "5 case(s)" in out and "frozen" in out and mock.name not in out  # the frozen sweep has 6, 1 done
 
     # A failed row or a superseded one does not count as done: the case runs again.
     from vlmtrain.observe import results
 
-    frozen = perf.expand(["frozen"], ["frozen"])[0][0]
+    frozen = expand(["frozen"], ["frozen"])[0]
     results.append(path, mock.name, "python train.py ...", {}, rc=1)
     results.append(path, frozen.name, "python train.py ...", {"step_s": 1.0}, superseded="measured something else")
-    assert set(perf.latest_rows(path)) == {real.name, mock.name, row["name"]}
-    assert perf.main(["--sweep", "mock", "frozen", "--skip-done", "--list", "--results", str(path)]) == 0
+    assert set(bench_report.latest_rows(path)) == {real.name, mock.name, row["name"]}
+    assert perf_main("--sweep", "mock", "frozen", "--skip-done", "--list", "--results", str(path)) == 0
     out = capsys.readouterr().out
     assert "6 case(s)" in out and mock.name in out and frozen.name in out
 
 
 def test_overhead_picks_perf_cases_and_launches_like_vlmtrain() -> None:
-    case = overhead.pick(perf.B.name(), 10)
-    assert case.name == perf.B.name() and "train.iterations=10" in case.overrides
-    assert overhead.pick("3d-tp2", 10).name.startswith("30b-l8_3d-tp2-ep2_")
+    case = ab.pick(PERF, B.name, 10)
+    assert case.name == B.name and "train.iterations=10" in case.overrides
+    assert ab.pick(PERF, "3d-tp2", 10).name.startswith("30b-l8_3d-tp2-ep2_")
     cmd = overhead.direct_command(Path("r/run_config.yaml"), 2, "29500")
     assert cmd[1:6] == ["-m", "torch.distributed.run", "--nproc-per-node=2", "--nnodes=1", "--master-port"]
     assert cmd[-2:] == [str(ROOT / "benchmarks" / "direct_pretrain.py"), "r/run_config.yaml"]
@@ -318,8 +375,12 @@ def test_overhead_picks_perf_cases_and_launches_like_vlmtrain() -> None:
 
 def test_report_states_every_claim_from_the_results_file(tmp_path: Path) -> None:
     """Each claim is a ratio of two measured rows, or says which row is missing; failed runs are listed."""
-    md = perf.report(MEASURED)
-    for what, _, _ in perf.CLAIMS:
+    md = bench_report.report(PERF, MEASURED, f"{ENTRY} --report")
+    # the report the results file shipped with (results/perf_h200x2.md) is produced again, byte for byte
+    assert bench_report.report(PERF, ROOT / "results" / "perf_h200x2.jsonl", f"{ENTRY} --report") == (
+        ROOT / "results" / "perf_h200x2.md").read_text()
+    assert len(bench_report.claims(PERF)) == 26
+    for what, _, _ in bench_report.claims(PERF):
         line = next(x for x in md.splitlines() if x.startswith(f"| {what}"))
         assert "not measured" not in line, line  # every claim was measured on 2 x H200
     # a claim whose row kept medians of per-step rates (its run files are lost) says so
@@ -328,14 +389,15 @@ def test_report_states_every_claim_from_the_results_file(tmp_path: Path) -> None
     # a profiled overhead pair states both sides' traced step; a row's note travels with its line
     traced = next(x for x in md.splitlines() if x.startswith("- overhead_ratio") and "+train.profile_step=" in x)
     assert "traced step, vlmtrain / direct: window" in traced
-    noted = [r for n, r in perf.latest_rows(MEASURED).items() if n.startswith("overhead_") and r.get("note")]
+    noted = [r for n, r in bench_report.latest_rows(MEASURED).items() if n.startswith("overhead_") and r.get("note")]
     assert noted and all(f"({r['note']})" in md for r in noted)
     # frozen-vision rows stand in their own table, never ranked among full-training rows
     full, frozen = md.split("## Frozen vision")[0], md.split("## Frozen vision")[1].split("## The seed")[0]
     assert "_frozen_" not in full and "_trainable_" not in frozen
-    assert frozen.count("_frozen_") == sum("_frozen_" in n for n in perf.latest_rows(MEASURED)) > 0
-    rows = [r for r in perf.latest_rows(MEASURED).values() if r["name"] != perf.B.name()]
+    assert frozen.count("_frozen_") == sum("_frozen_" in n for n in bench_report.latest_rows(MEASURED)) > 0
+    rows = [r for r in bench_report.latest_rows(MEASURED).values() if r["name"] != B.name]
     path = tmp_path / "perf.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    line = next(x for x in perf.report(path).splitlines() if x.startswith("| 3D vs FSDP, EP2 MBS 1 |"))
-    assert f"not measured: {perf.B.name()}" in line
+    line = next(x for x in bench_report.report(PERF, path, ENTRY).splitlines()
+                if x.startswith("| 3D vs FSDP, EP2 MBS 1 |"))
+    assert f"not measured: {B.name}" in line

@@ -1,34 +1,17 @@
-"""Issue 9.3: what vlmtrain costs on top of Megatron Bridge, measured on the same node in one session.
-
-    python benchmarks/overhead.py [--case SUBSTR] [--pairs 2] [--iterations 20]
-    python benchmarks/overhead.py --case SUBSTR --pool K   # one row from the pairs of the last K rows of the case
-    python benchmarks/overhead.py --case SUBSTR --pairs 1 --extra train.profile_step=6   # both sides profiled
-    python benchmarks/overhead.py --dry-run        # CPU: build + Bridge validation of the direct side
-
-Alternating pairs of (a) `python train.py <case>` and (b) torchrun of benchmarks/direct_pretrain.py: Bridge's
-pretrain() on the IDENTICAL ConfigContainer (built by vlmtrain.build.container from (a)'s saved run_config.yaml; only
-its output paths differ, see below), with
-Bridge's forward step for the data (vlmtrain.config.groups.data.forward_step) and no vlmtrain callbacks. Both step
-times come from Bridge's own log line ("elapsed time per iteration (ms)", log_interval=1), so the ratio is like for
-like; (a)'s metrics.jsonl step_s gives a second ratio. Post-warm-up steps (iteration > skip) of all pairs are
-pooled; medians, and the median of per-step ratios (both sides train the same samples in the same order). Rows
-`overhead_<case>` go to results/perf_h200x2.jsonl; with --iterations 8 (perf_h200x2's), pair 0's (a) run
-is also recorded there as the case's own row (it is exactly `perf_h200x2.py`'s run of that case).
+"""What vlmtrain costs on top of Megatron Bridge, measured in pairs on the same node: the measurement (step times
+from Bridge's own log lines, pairs, ratios and their intervals) and side (b), Bridge's pretrain() on the identical
+ConfigContainer. The command that runs the pairs is `vlmtrain overhead` (vlmtrain.tune.ab; benchmarks/overhead.py).
 
 (b) runs in its own directory: its run_config.yaml is (a)'s with only `output_dir` changed, so what Bridge writes
-there does not land in (a)'s (with --extra train.profile_step=N: the profiler's trace, summarized per side into
-the pair's `profile`; iterations N-1..N+1 leave the ratios). Pairs alternate their order (a b, b a, a b, ...) so
-that a drift over the session (clocks, heat) does not land on one side. Runs of one case differ by a few % from
-run to run, more than steps average out within a run, so the interval that decides a 1 % bound is the one over
-pairs (`overhead_ratio_pairs_ci95`). Each pair is written as its own row when it ends and the invocation's pairs as
-a pooled row; one device command holds two pairs of the best case, so --pool joins the rows of several
-invocations on one machine.
+there does not land in (a)'s (with train.profile_step=N: the profiler's trace, summarized per side into the pair's
+`profile`; iterations N-1..N+1 leave the ratios). Both step times come from Bridge's own log line ("elapsed time per
+iteration (ms)", log_interval=1), so the ratio is like for like; (a)'s metrics.jsonl step_s gives a second ratio.
+Runs of one case differ by a few % from run to run, more than steps average out within a run, so the interval that
+decides a 1 % bound is the one over pairs (`overhead_ratio_pairs_ci95`).
 """
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import math
 import os
 import random
@@ -41,16 +24,13 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from vlmtrain.observe.bench import cases as run_cases
-from vlmtrain.observe.bench import direct as direct_pretrain
-from vlmtrain.observe.bench import perf_h200x2
-from vlmtrain.observe.bench.cases import ROOT, Case
+from vlmtrain.observe.bench.cases import ROOT
 
 DIRECT_SCRIPT = ROOT / "benchmarks" / "direct_pretrain.py"
 """The torchrun entry of side (b): a thin script over vlmtrain.observe.bench.direct."""
 
 # Steps of these runs vary ~10 % from step to step (data, alltoall waits), so a ratio meant to resolve 1 % needs
-# many steady steps; at perf_h200x2.ITERATIONS, pair 0's vlmtrain run also doubles as the case's perf row.
+# many steady steps; at the sweep spec's iterations, pair 0's vlmtrain run also doubles as the case's row.
 ITERATIONS = 20
 SKIP = 3  # as vlmtrain.observe.results.summarize: metrics step s is Bridge's iteration s + 1
 BRIDGE_LINE = re.compile(r"\biteration\s+(\d+)/\s*\d+\s*\|.*?elapsed time per iteration \(ms\):\s*([0-9.]+)")
@@ -226,114 +206,3 @@ def pair_record(a_dir: Path, b_dir: Path, a_wall: float, b_wall: float, skip: in
         **({"profile": {side: {k: v for k, v in sm.items() if k in PROFILE_KEYS} for side, sm in traced.items()}}
            if traced else {}),
     }
-
-
-def pick(name: str, iterations: int) -> Case:
-    """The perf_h200x2 case of that exact name, else the first whose name contains it."""
-    cases = [c for c, _ in perf_h200x2.expand(["all"], [name], iterations)]
-    if not cases:
-        raise SystemExit(f"no perf_h200x2 case matches {name!r}")
-    return next((c for c in cases if c.name == name), cases[0])
-
-
-def dry_run(case: Case, out: Path) -> int:
-    """CPU check of side (b): save the run config as launch.local would, derive (b)'s, then load/build/validate."""
-    from vlmtrain.config.compose import compose
-    from vlmtrain.launch import local
-
-    run = compose(run_cases.overrides(case), output_dir=str(out / "vlmtrain"))
-    run_config = direct_run_config(local.save_run_config(run), out / "direct")
-    print("(a)", " ".join(run_cases.command(case, out / "pairN_vlmtrain")))
-    print("(b)", " ".join(direct_command(run_config, case.gpus, "29500")))
-    return direct_pretrain.main([str(run_config), "--dry-run"])
-
-
-def run_pair(case: Case, i: int, args: argparse.Namespace) -> dict[str, Any] | None:
-    """Pair i: (a) then (b) for even i, (b) then (a) for odd i; (b) runs on pair 0's (a) run config (the same
-    overrides composed once; pair 0 runs (a) first). None (with the failing log's tail on stderr) when a run fails."""
-    a_case = dataclasses.replace(case, name=f"pair{i}_vlmtrain")
-    b_dir = args.out / f"pair{i}_direct"
-    source = args.out / "pair0_vlmtrain" / "run_config.yaml"
-    order = "direct,vlmtrain" if i % 2 else "vlmtrain,direct"
-    walls: dict[str, float] = {}
-    for side in order.split(","):
-        if side == "vlmtrain":
-            [(_, rc, a_dir, walls[side])] = run_cases.run_batch([a_case], args.out, case.gpus)
-            log = a_dir / "train.log"
-            if not rc and i == 0 and args.iterations == perf_h200x2.ITERATIONS and not args.extra:
-                run_cases.record(case, rc, a_dir, walls[side], args.results, config=run_cases.overrides(case),
-                                 runner=f"python benchmarks/overhead.py --case {case.name} (pair 0, vlmtrain side)")
-        else:
-            rc, walls[side] = run_direct(source, b_dir, case.gpus)
-            log = b_dir / "train.log"
-        if rc:
-            print(log.read_text()[-4000:], file=sys.stderr)
-            return None
-    pair = pair_record(a_dir, b_dir, walls["vlmtrain"], walls["direct"], args.skip, order,
-                       profiled_iterations(case.overrides), args.profile_summary)
-    if not (pair["vlmtrain_log_ms"] and pair["direct_log_ms"]):
-        print(f"[overhead] pair {i}: no Bridge step line after iteration {args.skip} in {a_dir} or {b_dir}",
-              file=sys.stderr)
-        return None
-    return pair
-
-
-def pool(name: str, k: int, results_path: Path, command: str) -> dict[str, Any]:
-    """One row from the pairs of the last k rows named `name` (invocations of one session on one machine: same
-    date, machine and config, else refused), so a session split into device commands gives one measurement."""
-    from vlmtrain.observe import results
-
-    rows = [r for r in results.read_jsonl(results_path) if r["name"] == name and "pairs_detail" in r
-            and "pooled" not in r][-k:]
-    if len(rows) < k or len({(r["date"], r["machine"], str(r.get("config"))) for r in rows}) != 1:
-        raise SystemExit(f"--pool {k}: need {k} rows of {name} from one date, machine and config in "
-                         f"{results_path}, found {[(r['date'], r['machine']) for r in rows]}")
-    pairs = [p for r in rows for p in r["pairs_detail"]]
-    row = dict(rows[-1], command=command, metrics=overhead_metrics(pairs), pairs_detail=pairs,
-               pooled=[r["command"] for r in rows])
-    results.append_jsonl(results_path, row)
-    return row
-
-
-def main(argv: list[str] | None = None, profile_summary: ProfileSummary | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--case", default=perf_h200x2.B.name(), help="perf_h200x2 case name (substring)")
-    ap.add_argument("--pairs", type=int, default=2)
-    ap.add_argument("--iterations", type=int, default=ITERATIONS)
-    ap.add_argument("--skip", type=int, default=SKIP, help="warm-up iterations left out")
-    ap.add_argument("--extra", nargs="*", default=[], help="overrides added to the case on both sides; they name "
-                    "the row apart (e.g. train.profile_step=6: both sides trace that step)")
-    ap.add_argument("--pool", type=int, metavar="K", help="no runs: pool the pairs of the case's last K rows")
-    ap.add_argument("--dry-run", action="store_true")
-    ap.add_argument("--results", type=Path, default=perf_h200x2.RESULTS)
-    ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "overhead" / time.strftime("%Y%m%d-%H%M%S"))
-    args = ap.parse_args(argv)
-    args.profile_summary = profile_summary
-    case = pick(args.case, args.iterations)
-    cmd = f"python benchmarks/overhead.py --case {case.name}"
-    if args.extra:
-        cmd += " --extra " + " ".join(args.extra)
-        case = dataclasses.replace(case, name="+".join([case.name, *args.extra]),
-                                   overrides=[*case.overrides, *args.extra])
-    name = f"overhead_{case.name}"
-    if args.pool:
-        print(f"[overhead] {pool(name, args.pool, args.results, f'{cmd} --pool {args.pool}')['metrics']}")
-        return 0
-    print(f"[overhead] {case.name}: {args.pairs} pair(s) of {args.iterations} iterations, skip {args.skip}")
-    if args.dry_run:
-        return dry_run(case, args.out)
-    from vlmtrain.observe import results
-
-    cmd += f" --pairs {args.pairs} --iterations {args.iterations}"
-    for i in range(args.pairs):
-        pair = run_pair(case, i, args)
-        if pair is None:
-            return 1
-        # one row per pair as it finishes (a command cut short keeps its pairs); the last one pools them
-        metrics = overhead_metrics([pair])
-        results.append(args.results, name, f"{cmd} (pair {i})", metrics, config=run_cases.overrides(case),
-                       direct=" ".join(direct_command(Path("<run dir>/run_config.yaml"), case.gpus, "29500")),
-                       pairs_detail=[pair])
-        print(f"[overhead] pair {i} ({pair['order']}): {metrics}", flush=True)
-    print(f"[overhead] {pool(name, args.pairs, args.results, cmd)['metrics']}")
-    return 0

@@ -1,0 +1,119 @@
+"""A sweep spec's report from its results file alone (`vlmtrain sweep <spec> --report`): every measured case, then
+each of the spec's claims as a ratio of two measured rows (rows that are missing or failed are named, not guessed),
+then the overhead and lease-spread rows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from vlmtrain.observe import results
+from vlmtrain.tune.spec import Spec
+
+
+def latest_rows(results_path: Path) -> dict[str, dict[str, Any]]:
+    """The results file's rows by case name (vlmtrain.observe.results.latest)."""
+    return {r["name"]: r for r in results.latest(results.read_jsonl(results_path))}
+
+
+def claims(spec: Spec) -> list[tuple[str, str, str]]:
+    """(what, case A's name, case B's name) of every claim in the spec."""
+    return [(what, spec.case(a).name, spec.case(b).name) for what, a, b in spec.get("claims") or []]
+
+
+def repeats(rows: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    """The finished runs of `name` from the same sweep invocation and day as its latest row (a sweep run twice in
+    one lease), in order; re-summaries and superseded rows are not runs."""
+    mine = [r for r in rows if r["name"] == name and "useful_tokens_per_s_per_gpu" in r["metrics"]
+            and not {"resummarized", "superseded"} & r.keys()]
+    if not mine:
+        return []
+    last = mine[-1]
+    return [r for r in mine if (r["date"], r.get("runner")) == (last["date"], last.get("runner"))]
+
+
+def _cases(latest: dict[str, dict[str, Any]], ok: dict[str, dict[str, Any]]) -> list[str]:
+    lines = []
+    for title, frozen in (("Full training (vision trainable)", False),
+                          ("Frozen vision (benchmark-only: compare with frozen rows only)", True)):
+        lines += ["", f"## {title}", "",
+                  "| case | step_s | useful tok/s/GPU | MFU | peak GiB | useful fraction | ViT / decoder s | note |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for n, m in sorted(ok.items(), key=lambda kv: -kv[1]["useful_tokens_per_s_per_gpu"]):
+            if ("_frozen_" in n) != frozen:
+                continue
+            note = ("exit 1 after training (see row)" if latest[n].get("rc") else
+                    "rates are medians of per-step rates (run files lost)" if "rates" in latest[n] else "")
+            split = f"{m['time_vision_s']:.2f} / {m['time_decoder_s']:.2f}" if "time_vision_s" in m else "-"
+            lines.append(f"| {n} | {m['step_s']:.2f} | {m['useful_tokens_per_s_per_gpu']:.0f} | {m['mfu']:.1%} | "
+                         f"{m['peak_mem_gib']:.0f} | {m['nonpad_fraction']:.1%} | {split} | {note} |")
+    return lines
+
+
+def _claims(spec: Spec, rows: list[dict[str, Any]], latest: dict[str, dict[str, Any]],
+            ok: dict[str, dict[str, Any]]) -> list[str]:
+    # first_loss: step 1 sees the same samples from the same initialization in every case of one vision/data
+    # setting, so A and B agreeing says both trained the same model on the same tokens
+    lines = ["", "## The seed's claims at this scale", "",
+             "| claim | useful tok/s/GPU A/B | step_s A/B | first_loss A, B | A/B per repeat |",
+             "|---|---|---|---|---|"]
+    for what, a, b in claims(spec):
+        if any("rates" in latest.get(n, {}) for n in (a, b)):
+            what += " (one side's rates are medians of per-step rates)"
+        if a in ok and b in ok:
+            useful = ok[a]["useful_tokens_per_s_per_gpu"] / ok[b]["useful_tokens_per_s_per_gpu"]
+            ra, rb = repeats(rows, a), repeats(rows, b)
+            per = [x["metrics"]["useful_tokens_per_s_per_gpu"] / y["metrics"]["useful_tokens_per_s_per_gpu"]
+                   for x, y in zip(ra, rb, strict=False)] if len(ra) == len(rb) > 1 else []
+            lines.append(f"| {what} | {useful:.2f} | {ok[a]['step_s'] / ok[b]['step_s']:.2f} | "
+                         f"{ok[a]['first_loss']:.4f}, {ok[b]['first_loss']:.4f} | "
+                         f"{', '.join(f'{x:.2f}' for x in per)} |")
+        else:
+            lines.append(f"| {what} | not measured: {', '.join(n for n in (a, b) if n not in ok)} | | | |")
+    return lines
+
+
+def _overhead_line(n: str, r: dict[str, Any]) -> str:
+    over = r["metrics"]
+    line = (f"- overhead_ratio (vlmtrain / Bridge pretrain() alone) of {n.removeprefix('overhead_')}: "
+            f"{over['overhead_ratio']:.3f} over {over['pairs']} pair(s) of {over['steady_steps_per_run']}+ "
+            f"steady steps (per pair: {', '.join(f'{x:.3f}' for x in over['pair_ratios'])})")
+    if over.get("overhead_ratio_pairs_ci95"):
+        lo, hi = over["overhead_ratio_pairs_ci95"]
+        line += (f"; total steady step time per pair {', '.join(f'{x:.3f}' for x in over['pair_total_ratios'])}"
+                 f", geometric mean {over['overhead_ratio_pairs']:.3f}, 95 % interval over pairs {lo:.3f}-{hi:.3f}")
+    elif over.get("overhead_ratio_total") is not None:
+        lo, hi = over["overhead_ratio_total_ci95"]
+        line += (f"; total steady step time {over['overhead_ratio_total']:.3f} (bootstrap 95 % interval "
+                 f"over steps {lo:.3f}-{hi:.3f})")
+    if over.get("vlmtrain_host_ms") is not None:
+        line += (f"; median of per-step ratios {over['overhead_ratio_paired']:.3f}; vlmtrain's own host code "
+                 f"{over['vlmtrain_host_ms']:.1f} ms per step = {over['vlmtrain_host_fraction']:.2%} of it")
+    for p in r.get("pairs_detail", []):
+        if {"vlmtrain", "direct"} <= p.get("profile", {}).keys():
+            a, b = p["profile"]["vlmtrain"], p["profile"]["direct"]
+            line += (f"; traced step, vlmtrain / direct: window {a['window_ms']:.0f} / {b['window_ms']:.0f} "
+                     f"ms, GPU busy {a['gpu_busy_ms']:.0f} / {b['gpu_busy_ms']:.0f} ms, of it NCCL "
+                     f"{a['kernel_ms_by_family'].get('nccl', 0):.0f} / "
+                     f"{b['kernel_ms_by_family'].get('nccl', 0):.0f} ms")
+    return line + (f" ({r['note']})" if r.get("note") else "")
+
+
+def report(spec: Spec, results_path: Path, entry: str) -> str:
+    """Markdown from the results file alone; `entry`: the command that writes it (the title line)."""
+    rows = results.read_jsonl(results_path)
+    latest = latest_rows(results_path)
+    ok = {n: r["metrics"] for n, r in latest.items() if "useful_tokens_per_s_per_gpu" in r["metrics"]}
+    lines = [f"# {results_path.name}: generated by `{entry}`", *_cases(latest, ok), *_claims(spec, rows, latest, ok)]
+    failed = [n for n, r in latest.items() if n not in ok and r.get("rc")]
+    lines += ["", *(f"- failed: {n}: {latest[n].get('error', '')}" for n in failed)]
+    for n, r in latest.items():
+        if n.startswith("overhead_"):
+            lines.append(_overhead_line(n, r))
+        if n.startswith("lease-spread_"):
+            m = r["metrics"]
+            lines.append(f"- the same case on two machine leases, {n.removeprefix('lease-spread_')}: "
+                         f"{m['useful_tokens_per_s_per_gpu_first_lease']:.0f} and "
+                         f"{m['useful_tokens_per_s_per_gpu_second_lease']:.0f} useful tokens/s/GPU "
+                         f"({m['second_over_first_useful_tokens_per_s_per_gpu']:.2f}x): cross-lease ratios carry it")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,162 @@
+"""What a search leaves: the winner as a preset (conf/experiment/<name>.yaml, starting with its run line), and the
+report in the tune dir: report.md (stage-by-stage gains, finalists, every trial, what was pruned and why),
+report.csv (one row per trial) and plots (vlmtrain.report.plots over the trials' run dirs, and the stage gains)."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from vlmtrain.config.groups import CHOSEN
+
+SKIPPED_KEYS = ("train.iterations", "dry_run", "wandb.group", "hydra.")
+"""Overrides of a trial that are not the configuration (the trial's length, its W&B group, launcher settings)."""
+STAGE_PLOT = "stage_gains.png"
+
+
+def preset_tree(overrides: list[str]) -> tuple[list[dict[str, str]], dict[str, Any]]:
+    """Group choices (the defaults list) and the nested values of `overrides`, parsed by Hydra's own grammar; a
+    later override of a key wins, as on the command line."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    choices: dict[str, str] = {}
+    tree: dict[str, Any] = {}
+    for o in OverridesParser.create().parse_overrides(overrides):
+        key = o.key_or_group
+        if key.startswith(SKIPPED_KEYS):
+            continue
+        if key in (*CHOSEN, "experiment"):
+            choices[key] = str(o.value())
+            continue
+        *path, leaf = key.split(".")
+        node = tree
+        for part in path:
+            node = node.setdefault(part, {})
+        node[leaf] = o.value()
+    return [{f"override /{g}": c} for g, c in choices.items()], tree
+
+
+def write_preset(path: Path, overrides: list[str], notes: list[str]) -> Path:
+    """conf/experiment/<name>.yaml: `# @package _global_`, its run line, `notes` as comments, then the config."""
+    defaults, tree = preset_tree(overrides)
+    head = ["# @package _global_", f"# python train.py experiment={path.stem}", *(f"# {n}" for n in notes)]
+    body = yaml.safe_dump({"defaults": defaults, **tree} if defaults else tree, sort_keys=False,
+                          default_flow_style=None, width=118)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(head) + "\n" + body)
+    return path
+
+
+def _num(x: Any, fmt: str = ".0f") -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def trial_rows(state: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for tid, t in state["trials"].items():
+        o, m = t["outcome"], t["outcome"]["metrics"]
+        rows.append({"trial": tid, "stage": t["stage"], "name": t["name"], "iterations": t["iterations"],
+                     "repeat": t["repeat"], "status": o["status"], "useful_tokens_per_s_per_gpu":
+                     m.get("useful_tokens_per_s_per_gpu"), "mfu": m.get("mfu"), "step_s": m.get("step_s"),
+                     "peak_mem_gib": m.get("peak_mem_gib"), "steps": m.get("steps"), "wall_s": o["wall_s"],
+                     "gpu_s": o["wall_s"] * o["gpus"], "reason": o["reason"], "overrides": " ".join(t["overrides"])})
+    return rows
+
+
+def _stages(state: dict[str, Any]) -> list[str]:
+    lines = ["## Stage by stage", "", "| stage | varied | candidates | pruned | ran | best | useful tok/s/GPU before "
+             "-> after | gain |", "|---|---|---|---|---|---|---|---|"]
+    for s in state["stages"]:
+        before, after = s.get("before_useful"), s.get("best_useful")
+        gain = f"{after / before:.2f}x" if before and after else "-"
+        best = s.get("best") or s.get("skipped", "-")
+        lines.append(f"| {s['name']} | {', '.join(s['vary'])} | {s.get('candidates', 0)} | {len(s['pruned'])} | "
+                     f"{len(s['ran'])} | {best} | {_num(before)} -> {_num(after)} | {gain} |")
+    return lines
+
+
+def _pruned(state: dict[str, Any]) -> list[str]:
+    lines = ["## Pruned before running (preflight, the memory estimate included)", "", "| stage | candidate | why |",
+             "|---|---|---|"]
+    for s in state["stages"]:
+        for p in s["pruned"]:
+            why = "; ".join(f for f in p["findings"] if f.startswith("[error]"))
+            lines.append(f"| {s['name']} | {p['name']} | {why.replace('|', '/')} |")
+    return lines
+
+
+def render(state: dict[str, Any], command: str, preset: Path | None) -> str:
+    w, v = state.get("winner"), state.get("versus")
+    lines = [f"# vlmtrain tune {state['name']}", "", f"`{command}`", "",
+             f"Spec `conf/tune/{state['spec']}.yaml`, base `{' '.join(state['base'])}`; {len(state['trials'])} "
+             f"trial(s), {state.get('gpu_min', 0):.1f} GPU-min ({_num(state.get('search_gpu_min'), '.1f')} for the "
+             "search)."]
+    if state.get("stopped"):
+        lines += ["", f"Stopped early: {state['stopped']['why']}."]
+    if w:
+        lines += ["", f"**Winner**: `{w['name']}`: median {_num(w.get('median'))} useful tokens/s/GPU over "
+                  f"{len(w.get('repeats') or [])} repeat(s) (screening {_num(w.get('screen'))})"
+                  + (f"; preset `{preset}`" if preset else "") + "."]
+    if v:
+        lines += ["", f"Against the hand-found configuration on the same machine (A/B pairs): tune "
+                  f"{v['tune_useful_tokens_per_s_per_gpu']:.0f} / hand {v['hand_useful_tokens_per_s_per_gpu']:.0f} = "
+                  f"**tune_vs_hand {v['tune_vs_hand']:.3f}**."]
+    lines += ["", *_stages(state), "", "## Finalists", "", "| finalist | screening | repeats | median |",
+              "|---|---|---|---|"]
+    for f in state.get("finalists") or []:
+        lines.append(f"| {f['name']} | {_num(f['screen'])} | {', '.join(_num(x) for x in f.get('repeats') or [])} | "
+                     f"{_num(f.get('median'))} |")
+    lines += ["", "## Trials", "", "| trial | stage | status | useful tok/s/GPU | MFU | step_s | peak GiB | GPU-s | "
+              "reason |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in trial_rows(state):
+        lines.append(f"| {r['trial']} | {r['stage']} | {r['status']} | {_num(r['useful_tokens_per_s_per_gpu'])} | "
+                     f"{_num(r['mfu'], '.1%')} | {_num(r['step_s'], '.2f')} | {_num(r['peak_mem_gib'])} | "
+                     f"{r['gpu_s']:.0f} | {r['reason']} |")
+    lines += ["", *_pruned(state), "", f"Plots: {STAGE_PLOT}, memory_vs_throughput.png, throughput_vs_mbs.png."]
+    return "\n".join(lines) + "\n"
+
+
+def plot_stages(state: dict[str, Any], path: Path) -> None:
+    """The incumbent's useful tokens/s/GPU after each stage that measured something."""
+    from matplotlib.figure import Figure
+
+    stages = [s for s in state["stages"] if s.get("best_useful")]
+    fig = Figure(figsize=(7, 3.5), dpi=110, layout="constrained")
+    ax = fig.add_subplot()
+    best, ys = 0.0, []
+    for s in stages:
+        best = max(best, s["best_useful"])
+        ys.append(best)
+    ax.bar([s["name"] for s in stages], ys, color="tab:blue")
+    ax.set_ylabel("useful tokens/s/GPU (best so far)")
+    ax.set_title(f"vlmtrain tune {state['name']}: stage by stage")
+    fig.savefig(path)
+
+
+def write(state: dict[str, Any], out: Path, command: str, preset: Path | None) -> dict[str, Path]:
+    """report.md, report.csv and the plots into `out` (the tune dir)."""
+    from vlmtrain.report import baseline, job_from_dir, rank
+    from vlmtrain.report.plots import PLOTS, plot_memory_vs_throughput, plot_throughput_vs_mbs
+
+    paths = {"md": out / "report.md", "csv": out / "report.csv", "stages": out / STAGE_PLOT}
+    paths["md"].write_text(render(state, command, preset))
+    rows = trial_rows(state)
+    with paths["csv"].open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["trial"])
+        writer.writeheader()
+        writer.writerows(rows)
+    plot_stages(state, paths["stages"])
+    jobs = []
+    for tid, t in state["trials"].items():
+        if Path(t["outcome"]["run_dir"]).is_dir():
+            jobs.append(job_from_dir(Path(t["outcome"]["run_dir"])))
+            jobs[-1].name = tid
+    jobs = rank(jobs)
+    base = baseline(jobs)
+    paths["memory"], paths["throughput"] = out / PLOTS["memory"], out / PLOTS["throughput"]
+    plot_memory_vs_throughput(jobs, base, paths["memory"])
+    plot_throughput_vs_mbs(jobs, base, paths["throughput"])
+    return paths

@@ -1,0 +1,309 @@
+"""`vlmtrain tune` end to end on CPU: the real spec, real candidate generation, real preflight pruning (memory estimate
+included), the real search with its state, early stopping, ladder, finalists and outputs; only the GPU runs are a
+test double: each trial replays a real recorded 2 x H200 run (tests/fixtures/perf_h200x2/results.jsonl, the rows of
+results/perf_h200x2.jsonl) of the configuration it composes to, step by step into its run dir's metrics.jsonl. The
+packed rows were recorded as MBS-sample packing; each stands for the capacity case pack-budget mapped its name to."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from omegaconf import OmegaConf
+
+from vlmtrain.config.compose import compose
+from vlmtrain.observe import results
+from vlmtrain.tune import outputs, search, space, spec, trials
+
+ROOT = Path(__file__).resolve().parents[2]
+RECORDED = ROOT / "tests" / "fixtures" / "perf_h200x2" / "results.jsonl"
+SPEC = ROOT / "tests" / "fixtures" / "tune" / "replay_2xh200.yaml"
+NOT_CONFIG = ("output_dir", "name", "choices", "dry_run", "wandb", "preflight")
+
+
+def config_key(overrides: list[str]) -> str:
+    """What a run trains (its composed RunConfig), without its length, paths, W&B and preflight settings."""
+    run = compose([o for o in overrides if not o.startswith(("train.iterations=", "wandb."))])
+    tree = OmegaConf.to_container(OmegaConf.structured(run))
+    for k in NOT_CONFIG:
+        tree.pop(k, None)
+    tree["train"].pop("iterations")
+    tree["train"].pop("checkpoint_dir", None)
+    return json.dumps(tree, sort_keys=True, default=str)
+
+
+def as_capacity(config: list[str]) -> list[str]:
+    """A row's overrides in today's form: a packed row (data.packing=true at MBS m, GBS g, recorded before packing
+    by token budget) as its case now runs, by the benchmark spec's mbs_as_capacity (conf/tune/perf_h200x2.yaml)."""
+    if "data.packing=true" not in config:
+        return config
+    rule = spec.load("perf_h200x2").knobs["data.packing"].mbs_as_capacity
+    return spec.mbs_as_capacity([o for o in config if not o.startswith("preflight.ignore=")], "data.packing", **rule)
+
+
+@pytest.fixture(scope="module")
+def recordings() -> dict[str, list[dict[str, Any]]]:
+    """The recorded runs of every 2 x H200 benchmark configuration, in file order (two leases: two rows)."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for row in results.read_jsonl(RECORDED):
+        if row["name"].startswith("30b-l8_") and "config" in row and not {"superseded", "resummarized"} & row.keys():
+            out.setdefault(config_key(as_capacity(row["config"])), []).append(row)
+    return out
+
+
+class ReplayHandle:
+    """A trial that writes a recorded run's steps one per poll: its metrics (step_s, useful tokens/s/GPU, MFU,
+    peak) per step, then the recorded exit status (a failed row: its steps, then the error line in train.log)."""
+
+    def __init__(self, run_dir: Path, row: dict[str, Any] | None, iterations: int):
+        self.run_dir, self.row, self.i, self.stopped = run_dir, row, 0, False
+        run_dir.mkdir(parents=True)
+        m = row["metrics"] if row else {}
+        self.rc = 1 if row is None or row.get("rc") else 0
+        n = iterations if not self.rc else m.get("steps_completed", 0)
+        keys = ("step_s", "useful_tokens_per_s_per_gpu", "mfu", "peak_mem_gib")
+        self.rows = [{"step": s, **{k: m[k] for k in keys if k in m}} for s in range(n)]
+        self.wall = row.get("wall_s", 100.0) if row else 20.0
+        if self.rc:
+            (run_dir / "train.log").write_text(row.get("error", "") + "\n" if row else "no recorded run\n")
+
+    def poll(self) -> int | None:
+        if self.stopped:
+            return -15
+        if self.i < len(self.rows):
+            results.append_jsonl(self.run_dir / "metrics.jsonl", self.rows[self.i])
+            self.i += 1
+            return None
+        return self.rc
+
+    def stop(self) -> None:
+        self.stopped = True
+
+    def wall_s(self) -> float:
+        return self.wall * max(self.i, 1) / max(len(self.rows), 1)
+
+
+class Replay:
+    """The launch of a search: the r-th trial of a configuration replays its r-th recorded run (cyclically)."""
+
+    def __init__(self, recordings: dict[str, list[dict[str, Any]]], crash_after: int | None = None):
+        self.recordings, self.crash_after, self.launched, self.count = recordings, crash_after, [], {}
+
+    def __call__(self, trial_dir: Path, overrides: list[str]) -> ReplayHandle:
+        if self.crash_after is not None and len(self.launched) == self.crash_after:
+            raise KeyboardInterrupt("the tune process was killed")
+        key = config_key(overrides)
+        rows = self.recordings.get(key, [])
+        self.count[key] = self.count.get(key, 0) + 1
+        self.launched.append(trial_dir.name)
+        it = int(next(o for o in overrides if o.startswith("train.iterations=")).split("=")[1])
+        return ReplayHandle(trial_dir / trials.RUN_SUBDIR, rows[(self.count[key] - 1) % len(rows)] if rows else None,
+                            it)
+
+
+def new_search(tmp: Path, launch: Replay, **kw: Any) -> search.Search:
+    return search.Search(spec.load(SPEC), tmp, "replay", launch, node_gpus=0, gpus=2, poll_s=0.0, **kw)
+
+
+@pytest.fixture(scope="module")
+def searched(recordings: dict[str, list[dict[str, Any]]], tmp_path_factory: pytest.TempPathFactory
+             ) -> tuple[dict[str, Any], Replay, Path]:
+    tmp = tmp_path_factory.mktemp("tune")
+    launch = Replay(recordings)
+    return new_search(tmp, launch).run(), launch, tmp
+
+
+def test_stages_run_in_order_and_prune_with_preflight(searched: tuple[dict[str, Any], Replay, Path]) -> None:
+    state, launch, _ = searched
+    assert [s["name"] for s in state["stages"]] == [s.name for s in spec.load(SPEC).stages]
+    pruned = {s["name"]: {p["name"]: p["findings"] for p in s["pruned"]} for s in state["stages"]}
+    rules = {stage: {n: {f.split(":")[0].removeprefix("[error] ") for f in why if f.startswith("[error]")}
+                     for n, why in p.items()} for stage, p in pruned.items()}
+    # the memory estimate reads the capacity: rows of 8192 tokens fit where MBS 8 x seq_length would not, 16384 not
+    batch = rules["batch"]
+    assert batch["fsdp-ep2_pack16384_mbs1_rc-none_cg-none"] == {"memory_fits"}
+    assert all(batch[f"fsdp-ep2_unpacked_mbs{m}_rc-none_cg-none"] == {"memory_fits"} for m in (4, 8))
+    assert batch["fsdp-ep2_unpacked_mbs12_rc-none_cg-none"] == {"memory_fits", "global_batch_divisible"}
+    assert len(batch) == 4
+    graphs = rules["recompute_graphs"]
+    assert graphs["fsdp-ep2_pack8192_mbs1_rc-none_cg-attn_moe_router_preprocess"] == {"packing_with_graphs",
+                                                                                       "qwen3_vl_no_attn_graph"}
+    assert "deepstack_full_recompute" in graphs["fsdp-ep2_pack8192_mbs1_rc-full_cg-none"]
+    # nothing pruned was launched, and the stage order is the order trials ran in
+    ran = [t["stage"] for t in state["trials"].values()]
+    assert ran == sorted(ran, key=["layout", "batch", "3d", "kernels", "finalists"].index)
+    assert not {n for p in pruned.values() for n in p} & {t["name"] for t in state["trials"].values()}
+    layout = state["stages"][0]
+    assert layout["ran"] == ["fsdp-ep1_unpacked_mbs1_rc-none_cg-none", "fsdp-ep2_unpacked_mbs1_rc-none_cg-none"]
+    assert layout["survivors"] == ["fsdp-ep2_unpacked_mbs1_rc-none_cg-none"]  # EP1 has no recorded run: it failed
+    assert state["stages"][2]["skipped"].startswith("one candidate")
+
+
+def test_packed_candidates_count_gbs_in_rows(searched: tuple[dict[str, Any], Replay, Path]) -> None:
+    """A capacity runs at MBS 1 with the base's 16 samples as rows of ~1024-token samples (DP 2): 4096 -> 4 rows,
+    8192 -> 2, the configurations the recorded packed MBS 4 and MBS 8 runs are now; unpacked MBS keeps GBS 16."""
+    state, _, _ = searched
+    ran = {t["name"]: compose([*spec.load(SPEC).base, *t["overrides"]]) for t in state["trials"].values()
+           if t["stage"] in ("batch", "3d")}
+    batch = {n: (r.data.packing, r.train.micro_batch_size, r.train.global_batch_size) for n, r in ran.items()}
+    assert batch["fsdp-ep2_pack4096_mbs1_rc-none_cg-none"] == (4096, 1, 4)
+    assert batch["fsdp-ep2_pack8192_mbs1_rc-none_cg-none"] == (8192, 1, 2)
+    assert batch["3d-ep2_pack8192_mbs1_rc-none_cg-none"] == (8192, 1, 2)
+    assert batch["fsdp-ep2_unpacked_mbs2_rc-none_cg-none"] == (False, 2, 16)
+    # each replayed its recorded run (none failed for want of one)
+    assert all(t["outcome"]["status"] != "failed" for t in state["trials"].values()
+               if t["stage"] in ("batch", "3d"))
+
+
+def test_early_stop_and_ladder(searched: tuple[dict[str, Any], Replay, Path]) -> None:
+    state, _, _ = searched
+    by_name = {t["name"]: t["outcome"] for t in state["trials"].values() if t["stage"] == "batch"}
+    # the capacities climb while they get faster (16384 pruned), then unpacked MBS: MBS 1 is the layout stage's
+    # trial again, MBS 2 is judged after its first measured step and stopped, which ends that ladder
+    assert state["stages"][1]["ran"] == [f"fsdp-ep2_pack{c}_mbs1_rc-none_cg-none" for c in (4096, 8192)] \
+        + [f"fsdp-ep2_unpacked_mbs{m}_rc-none_cg-none" for m in (1, 2)]
+    stopped = by_name["fsdp-ep2_unpacked_mbs2_rc-none_cg-none"]
+    assert stopped["status"] == "stopped" and stopped["metrics"]["steps"] == results.SKIP + 1
+    assert stopped["metrics"]["useful_tokens_per_s_per_gpu"] < 0.8 * state["stages"][1]["best_useful"]
+    assert by_name["fsdp-ep2_pack8192_mbs1_rc-none_cg-none"]["status"] == "ok"
+    assert state["stages"][1]["best"] == "fsdp-ep2_pack8192_mbs1_rc-none_cg-none"
+
+
+def test_ranking_by_median_of_finalist_repeats(searched: tuple[dict[str, Any], Replay, Path]) -> None:
+    state, _, tmp = searched
+    fin = state["finalists"]
+    assert [f["name"] for f in fin] == ["3d-ep2_pack8192_mbs1_rc-none_cg-none_cutlass",
+                                        "3d-ep2_pack8192_mbs1_rc-none_cg-none_cutlass_fused"]
+    assert all(len(f["repeats"]) == 2 and f["median"] == pytest.approx(sum(f["repeats"]) / 2) for f in fin)
+    assert state["winner"]["name"] == fin[0]["name"] and fin[0]["median"] > fin[1]["median"]
+    gains = {s["name"]: (s.get("before_useful"), s.get("best_useful")) for s in state["stages"]}
+    assert gains["3d"][1] > gains["3d"][0] and gains["kernels"][1] > gains["kernels"][0]
+    assert state["gpu_min"] == pytest.approx(sum(t["outcome"]["wall_s"] * 2 for t in state["trials"].values()) / 60)
+    paths = outputs.write(state, tmp, "vlmtrain tune (replay)", None)
+    md = paths["md"].read_text()
+    assert "## Stage by stage" in md and "memory_fits" in md and fin[0]["name"] in md and "stopped" in md
+    assert "| batch | data.packing, train.micro_batch_size |" in md
+    assert all(paths[k].stat().st_size > 1000 for k in ("stages", "memory", "throughput"))
+    assert len(paths["csv"].read_text().splitlines()) == len(state["trials"]) + 1
+
+
+def test_resume_runs_no_finished_trial_again(recordings: dict[str, list[dict[str, Any]]],
+                                            searched: tuple[dict[str, Any], Replay, Path], tmp_path: Path) -> None:
+    state, full, _ = searched
+    crashed = Replay(recordings, crash_after=4)
+    with pytest.raises(KeyboardInterrupt):
+        new_search(tmp_path, crashed).run()
+    resumed = Replay(recordings)
+    again = new_search(tmp_path, resumed).run()
+    assert resumed.launched == full.launched[4:] and not set(resumed.launched) & set(crashed.launched)
+    assert again["winner"]["name"] == state["winner"]["name"] and again["trials"].keys() == state["trials"].keys()
+    nothing = Replay(recordings)
+    assert new_search(tmp_path, nothing).run()["winner"] == again["winner"] and nothing.launched == []
+    with pytest.raises(ValueError, match="other overrides"):
+        s = spec.load(SPEC)
+        s.base.append("train.seq_length=2048")
+        search.Search(s, tmp_path, "replay", nothing, 0, 2)
+
+
+def test_budget_ends_the_search_with_the_best_so_far(recordings: dict[str, list[dict[str, Any]]],
+                                                     tmp_path: Path) -> None:
+    state = new_search(tmp_path, Replay(recordings), budget_gpu_s=12 * 60).run()
+    assert state["stopped"]["final"] and state["stopped"]["why"].startswith("budget")
+    assert state["gpu_min"] <= 12 and "finalists" not in {t["stage"] for t in state["trials"].values()}
+    best = max(t["outcome"]["metrics"].get("useful_tokens_per_s_per_gpu", 0) for t in state["trials"].values())
+    assert state["winner"]["screen"] == best and state["winner"]["median"] is None
+
+
+def test_preset_composes_and_passes_the_dry_run(searched: tuple[dict[str, Any], Replay, Path], tmp_path: Path,
+                                               bridge: object) -> None:
+    from vlmtrain.build import plan
+
+    state, _, _ = searched
+    base = spec.load(SPEC).base
+    path = outputs.write_preset(tmp_path / "experiment" / "tuned.yaml", [*base, *state["winner"]["overrides"]],
+                                ["found by the replayed search"])
+    text = path.read_text()
+    assert text.startswith("# @package _global_\n# python train.py experiment=tuned\n")
+    run = compose([f"hydra.searchpath=[file://{tmp_path}]", "experiment=tuned"], output_dir=str(tmp_path / "run"))
+    assert config_key([f"hydra.searchpath=[file://{tmp_path}]", "experiment=tuned"]) == config_key(
+        [*base, *state["winner"]["overrides"]])
+    assert run.parallelism.kind == "3d" and run.data.packing == 8192 and run.train.micro_batch_size == 1
+    assert run.train.global_batch_size == 2 and not run.preflight.ignore
+    assert run.hardware.env["NVTE_USE_CUTLASS_GROUPED_GEMM"] in (1, "1")
+    assert plan.dry_run(run) == 0
+
+
+def test_default_spec_follows_the_guidance() -> None:
+    """FSDP layouts first, packing capacity (MBS 1) then MBS unpacked, recompute x graphs together, dispatcher,
+    kernels, precision, 3D last and gated on headroom; layouts that divide, ETP only at TP."""
+    s = spec.load("default")
+    assert [st.name for st in s.stages] == ["layout", "batch", "recompute_graphs", "dispatcher", "kernels",
+                                            "precision", "3d"]
+    assert s.stages[0].grids == [{"layout": "fsdp"}] and s.stages[-1].grids == [{"layout": "3d"}]
+    packed, unpacked = s.stages[1].grids
+    assert packed["train.micro_batch_size"] == 1 and all(isinstance(c, int) for c in packed["data.packing"])
+    assert unpacked["data.packing"] is False and len(unpacked["train.micro_batch_size"]) > 4
+    assert s.stages[-1].gate and s.stages[1].ladder == ("data.packing", "train.micro_batch_size")
+    assert s.stages[2].knobs == ["recompute", "cuda_graph"] and s.get("packed_rows")["tokens_per_sample"] > 0
+    assert space.layouts("fsdp", 8, 8, 128, 48) == ["fsdp-ep1", "fsdp-ep2", "fsdp-ep4", "fsdp-ep8"]
+    three_d = space.layouts("3d", 8, 8, 128, 48)
+    assert "3d-tp2-pp2-vpp2-ep2-etp2" in three_d and "3d-tp2-ep4" in three_d and "3d-pp8-ep2" not in three_d
+    assert all(spec.layout_overrides(n)[0] == "parallelism=3d" for n in three_d)
+    assert space.layouts("3d", 1, 1, 128, 4) == ["3d-ep1"]
+    with pytest.raises(spec.SpecError, match="write <fsdp"):
+        spec.layout_overrides("3d-xp2")
+
+
+H1 = ["model=qwen3_vl_30b_a3b", "model.num_layers=4", "hardware=h200", "data=realistic", "train.seq_length=4096",
+      "gpus_per_node=1", "train.global_batch_size=48", "vision=trainable", "precision=bf16"]
+
+
+def test_h1_batch_stage_prunes_by_the_capacity() -> None:
+    """On one H200 (the H1 tune of benchmarks/README.md) the default batch stage keeps the capacities the memory
+    estimate fits, each at MBS 1 with the base's 48 samples as rows, and prunes the rest before anything runs."""
+    s = spec.load("default")
+    s.base = [*s.base, *H1]
+    space.fill_defaults(s)
+    run = space.placed(s.base, 1)
+    batch = s.stages[1]
+    cands = space.prune(s, space.candidates(s, [{**s.defaults, "layout": "fsdp-ep1"}],
+                                            space.stage_values(batch, run, 1, 1)), 1)
+    live = {c.values["data.packing"]: c.overrides for c in cands if not c.pruned and c.values["data.packing"]}
+    assert {cap: [o for o in ov if o.startswith("train.global")] for cap, ov in live.items()} == {
+        4096: ["train.global_batch_size=12"], 8192: ["train.global_batch_size=6"],
+        12288: ["train.global_batch_size=4"]}
+    refused = {c.name: c.findings[0] for c in cands if c.pruned}
+    assert len(refused) == len(cands) - len(live) - 2  # unpacked MBS 1 and 2 fit
+    assert all(why.startswith("[error] memory_fits") for why in refused.values())
+    assert {c.values["data.packing"] for c in cands if c.pruned} == {16384, 24576, 32768, False}
+
+
+def test_h1_hand_found_preset_passes_preflight_on_one_h200() -> None:
+    """The --versus configuration of the H1 command in benchmarks/README.md: composes, one GPU, 4 layers, packing
+    by token budget at MBS 1 with the rows the tune gives a candidate of its capacity (equal work per step), and
+    preflight has no error without preflight.ignore."""
+    from vlmtrain.check import preflight
+    from vlmtrain.config import world
+    from vlmtrain.config.resolve import resolve
+
+    readme = (ROOT / "benchmarks" / "README.md").read_text().split("## vlmtrain tune on one H200")[1]
+    versus = readme.split('--versus "')[1].split('"')[0].split()
+    assert not any(o.startswith("preflight.") for o in versus)
+    run = space.placed(versus, 1)
+    assert world.layout(run).world_size == 1 and run.model.num_layers == 4 and run.train.micro_batch_size == 1
+    assert run.data.packing and not run.preflight.ignore
+    s = spec.load("default")
+    rows = space.packed_rows(s, [*H1, f"data.packing={run.data.packing}", "train.micro_batch_size=1"], 1)
+    assert rows == [f"train.global_batch_size={run.train.global_batch_size}"]
+    assert preflight.errors(preflight.check(run, resolve(run))) == []
+
+
+def test_cli_surface() -> None:
+    from vlmtrain import cli
+
+    commands = next(a for a in cli.parser()._actions if a.dest == "command").choices
+    assert set(commands) == {"report", "profile", "data", "tune", "sweep", "overhead"}
+    args = cli.parser().parse_args(["tune", "model=tiny", "--budget-gpu-min", "15", "--versus", "a=1 b=2"])
+    assert args.overrides == ["model=tiny"] and args.budget_gpu_min == 15 and args.func.__name__ == "_tune"
