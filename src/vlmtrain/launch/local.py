@@ -37,8 +37,10 @@ def save_run_config(run: RunConfig, resolved: Resolved | None = None) -> Path:
     return path
 
 
-def launch(run: RunConfig, resolved: Resolved | None = None) -> int:
-    """Start one rank per local GPU through torchrun, with the resolved env vars, and wait for them."""
+def launch(run: RunConfig, resolved: Resolved | None = None, module: str = "vlmtrain.worker",
+           log: str = RANKS_LOG) -> int:
+    """Start one rank per local GPU through torchrun, with the resolved env vars, and wait for them. `module` is
+    what each rank runs on the saved run config (a GPU check may run its own instead of vlmtrain.worker)."""
     res = resolved or resolve(run)
     path = save_run_config(run, res)
     lay = res.layout
@@ -47,9 +49,9 @@ def launch(run: RunConfig, resolved: Resolved | None = None) -> int:
     env.setdefault("PYTHONUNBUFFERED", "1")
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={lay.gpus_per_node}",
            f"--nnodes={lay.nodes}", "--master-port", env.get("MASTER_PORT", "29511"),
-           "-m", "vlmtrain.worker", str(path)]
+           "-m", module, str(path)]
     print(f"[vlmtrain] launching {lay.world_size} rank(s): {' '.join(cmd)}", flush=True)
-    return tee(cmd, env, Path(run.output_dir) / RANKS_LOG)
+    return tee(cmd, env, Path(run.output_dir) / log)
 
 
 def tee(cmd: list[str], env: dict[str, str], log: Path) -> int:

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import statistics
 import sys
 import time
@@ -88,8 +87,9 @@ ROWS_OF_IMAGES = ((0, 1, 2), (1, 3, 0, 1), (2, 2), (0, 0, 1))
 
 
 def image_count(example: dict[str, Any]) -> int:
-    return sum(1 for turn in example["conversation"] for part in turn.get("content", [])
-               if isinstance(part, dict) and part.get("type") == "image")
+    from vlmtrain.data.jsonl import image_parts
+
+    return len(image_parts(example["conversation"]))
 
 
 def pick_rows(examples: list[dict[str, Any]], rows: tuple[tuple[int, ...], ...] = ROWS_OF_IMAGES) -> list[list[int]]:
@@ -187,14 +187,11 @@ class Harness:
         from megatron.bridge.training.setup import setup
         from megatron.bridge.training.state import GlobalState
 
-        from vlmtrain.build import container
         from vlmtrain.config.compose import load_run
-        from vlmtrain.train import bridge_patches, trainer
+        from vlmtrain.train import trainer
 
         self.run = load_run(run_config)
-        cfg = container.build(self.run)
-        trainer.use_prebuilt_dataset_helpers()
-        self.patched = bridge_patches.install(self.run)
+        cfg, self.patched = trainer.build(self.run)
         runtime_config_update(cfg)
         self.state = GlobalState()
         self.state.cfg = cfg
@@ -380,7 +377,7 @@ def write(h: Harness, rows: list[list[int]], history: list[dict[str, Any]]) -> N
              if k.startswith(("ce_", "grad_cosine", "check_"))}
     out = {"metrics": {**worst, "trained_steps": history[-1]["trained_steps"], **verdict(history)}, "history": history,
            "rows": rows, "images_per_row": [[image_count(h.examples[i]) for i in r] for r in rows],
-           "bridge_patches": list(h.patched or []),
+           "bridge_patches": h.patched,
            "tolerances": {"ce_mean_abs_diff_nats": CE_MEAN_TOL_NATS, "ce_p99_abs_diff_nats": CE_P99_TOL_NATS,
                           "grad_cosine_min": GRAD_COSINE_MIN, "control_margin": CONTROL_MARGIN}}
     (Path(h.run.output_dir) / RESULT).write_text(json.dumps(out, indent=1))
@@ -388,7 +385,7 @@ def write(h: Harness, rows: list[list[int]], history: list[dict[str, Any]]) -> N
 
 def run_cases(only: list[str] | None, results_path: Path, commit: str) -> int:
     """Each case in its own one-rank torchrun (Bridge's setup owns the process's global state): compose, preflight,
-    scan the data on CPU, save the run config, run `main` on it, append its row to `results_path`."""
+    scan the data on CPU, launch `main` on the saved run config as a run's ranks are launched, append its row."""
     from vlmtrain.check import preflight
     from vlmtrain.config.compose import compose
     from vlmtrain.config.resolve import resolve
@@ -406,11 +403,7 @@ def run_cases(only: list[str] | None, results_path: Path, commit: str) -> int:
         res = resolve(run)
         preflight.enforce(run, res)
         prepare.prepare(run)
-        path = local.save_run_config(run, res)
-        env = {**os.environ, **{k: v for k, v in res.env_vars.items() if k not in os.environ}, "PYTHONUNBUFFERED": "1"}
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=1", "--master-port",
-               env.get("MASTER_PORT", "29512"), "-m", "vlmtrain.observe.bench.packing_equivalence", str(path)]
-        rc = local.tee(cmd, env, run_dir / "equivalence.log")
+        rc = local.launch(run, res, module="vlmtrain.observe.bench.packing_equivalence", log="equivalence.log")
         out = json.loads((run_dir / RESULT).read_text()) if (run_dir / RESULT).exists() else {}
         command = "python benchmarks/packing_equivalence.py --only " + name
         results.append(results_path, f"packing-equivalence_{name}", command, {"rc": rc, **out.get("metrics", {})},
