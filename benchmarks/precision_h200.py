@@ -80,9 +80,9 @@ FIRST_LEASE = "lease-1"
 """The lease of the runs made before case.json recorded one (all on one lease of 2026-12-01)."""
 
 
-def steady_tokens(run_dir: Path) -> int:
-    """Real tokens of the steps a summary counts: equal for two runs only if they trained on the same samples."""
-    return sum(r.get("nonpad_tokens", 0) for r in results.steady(results.read_jsonl(run_dir / "metrics.jsonl")))
+def row_name(name: str, where: str) -> str:
+    """A results row's name: the first lease's rows keep the names they were first written under."""
+    return name if where == FIRST_LEASE else f"{name}_{where}"
 
 
 def summarize(path: Path, commit: str, leases: list[str] | None = None, run_rows: bool = True) -> None:
@@ -95,12 +95,13 @@ def summarize(path: Path, commit: str, leases: list[str] | None = None, run_rows
         meta = json.loads(case.read_text())
         meta.setdefault("lease", FIRST_LEASE)
         rows = results.read_jsonl(case.parent / "metrics.jsonl") if (case.parent / "metrics.jsonl").exists() else []
-        summary = {**results.summarize(case.parent), "steady_nonpad_tokens": steady_tokens(case.parent)} if rows else {}
+        # steady_nonpad_tokens: the counted steps' real tokens, equal for two runs only if they saw the same samples
+        summary = {**results.summarize_rows(rows), "steady_nonpad_tokens": sum(r.get("nonpad_tokens", 0)
+                   for r in results.steady(rows))} if rows else {}
         losses = [r["lm_loss"] for r in rows if isinstance(r.get("lm_loss"), int | float)]
         runs.setdefault((meta["lease"], meta["recipe"]), []).append((meta, summary, losses))
         if run_rows and (not leases or meta["lease"] in leases):
-            name = f"30b-shape-l4_{meta['recipe']}_{meta['mode']}-{meta['i']}"
-            results.append(path, name if meta["lease"] == FIRST_LEASE else f"{name}_{meta['lease']}",
+            results.append(path, row_name(f"30b-shape-l4_{meta['recipe']}_{meta['mode']}-{meta['i']}", meta["lease"]),
                            meta["command"], {"rc": meta["rc"], **summary}, commit=commit, wall_s=meta["wall_s"],
                            machine=meta["machine"], lease=meta["lease"])
     # a run stopped before its last step (rc != 0) still counts with the steps it made; the row says so
@@ -117,8 +118,7 @@ def summarize(path: Path, commit: str, leases: list[str] | None = None, run_rows
         if base_loss and mine and recipe != "bf16":
             metrics.update(loss_parity_max_abs_diff_nats=parity(base_loss, mine), parity_steps=min(len(base_loss),
                            len(mine)), parity_window=PARITY_WINDOW, parity_tolerance_nats=PARITY_TOLERANCE_NATS)
-        name = f"30b-shape-l4_{recipe}_summary"
-        results.append(path, name if where == FIRST_LEASE else f"{name}_{where}",
+        results.append(path, row_name(f"30b-shape-l4_{recipe}_summary", where),
                        "python benchmarks/precision_h200.py summarize", metrics, commit=commit, recipe=recipe,
                        machine=done[0][0]["machine"], lease=where)
         print(f"[precision] {recipe} ({where}): {json.dumps(metrics)}", flush=True)
