@@ -1,7 +1,7 @@
 """FP8 recipes vs BF16 on one H200: loss parity over 100+ steps, then speed and peak memory at equal useful work.
 
     python benchmarks/precision_h200.py parity [--only NAME ...]          # one 100-step run per recipe
-    python benchmarks/precision_h200.py speed --repeats 2 [--only NAME ...]  # more short runs per recipe
+    python benchmarks/precision_h200.py speed --repeats 2 [--only NAME ...]  # more short runs per recipe (appended)
     python benchmarks/precision_h200.py summarize                          # medians, ratios, parity -> rows
 
 Every run is `python train.py` on the 30B-A3B layer shapes at 4 decoder layers, real images (data=realistic),
@@ -50,7 +50,13 @@ def lease() -> str:
         return "lease-unknown"
 
 
-def run_case(mode: str, recipe: str, i: int) -> dict[str, object]:
+def next_index(mode: str, recipe: str) -> int:
+    """The first unused run number of this lease, so that repeats split over several calls add runs."""
+    return sum(1 for _ in (OUT / lease() / mode).glob(f"{recipe}-*/case.json"))
+
+
+def run_case(mode: str, recipe: str) -> dict[str, object]:
+    i = next_index(mode, recipe)
     run_dir = OUT / lease() / mode / f"{recipe}-{i}"
     overrides = [*BASE, *RECIPES[recipe], f"train.iterations={STEPS[mode]}"]
     cmd = [sys.executable, str(ROOT / "train.py"), *overrides, f"hydra.run.dir={run_dir}"]
@@ -155,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.mode == "summarize":
         summarize(args.results, args.commit, args.lease, run_rows=not args.summaries_only)
         return 0
-    metas = [run_case(args.mode, r, i) for i in range(args.repeats) for r in args.only]
+    metas = [run_case(args.mode, r) for _ in range(args.repeats) for r in args.only]
     return int(any(m["rc"] for m in metas))
 
 
