@@ -33,7 +33,8 @@ OUT = ROOT / "outputs" / "precision"
 BASE = ["model=qwen3_vl_30b_a3b", "model.num_layers=4", "data=realistic", "train.micro_batch_size=1",
         "train.global_batch_size=1", "gpus_per_node=1", "wandb.enabled=false"]
 RECIPES = {"bf16": ["precision=bf16"], "fp8-tensorwise": ["precision=fp8"],
-           "fp8-blockwise": ["precision=fp8", "precision.scaling=blockwise"]}
+           "fp8-blockwise": ["precision=fp8", "precision.scaling=blockwise"],
+           "fp8-delayed": ["precision=fp8", "precision.scaling=delayed"]}
 STEPS = {"parity": 100, "speed": 10}
 PARITY_WINDOW = 10
 """Steps in the moving average the loss curves are compared after (single-sample steps are noisy)."""

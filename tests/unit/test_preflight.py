@@ -133,6 +133,13 @@ def test_capacity_resolves_the_row(compose):
     assert (off.packing_capacity, off.packing_static, off.pack_align) == (None, False, 1)
 
 
+def test_unmeasured_fp8_recipe_is_warned(compose):
+    """Delayed scaling is offered but was not measured: the warning says which recipes were."""
+    msg = rules_of(compose, ["precision=fp8", "precision.scaling=delayed"])["quantized_unmeasured_combination"].message
+    assert "delayed scaling" in msg and "tensorwise and blockwise" in msg
+    assert "quantized_unmeasured_combination" not in rules_of(compose, ["precision=fp8", "precision.scaling=blockwise"])
+
+
 @pytest.mark.parametrize("rule", sorted(CASES))
 def test_rule_trips_and_passes(compose, rule):
     trip, ok = CASES[rule]

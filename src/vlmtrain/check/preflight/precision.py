@@ -73,6 +73,8 @@ def quantized_unmeasured_combination(run: RunConfig, res: Resolved) -> str | Non
     if not precision.quantized(run):
         return None
     combos = [what for what, on in (
+        ("delayed scaling (tensorwise and blockwise are the measured FP8 recipes)",
+         run.precision.format == Format.fp8 and run.precision.scaling == Scaling.delayed),
         ("cuda_graph (TE keeps FP8 scaling state inside captured graphs)", cuda_graph.enabled(run)),
         ("kernels.moe_grouped_gemm=cutlass (TE's CUTLASS grouped GEMM was measured in BF16 only)",
          run.kernels.moe_grouped_gemm == GroupedGemm.cutlass),
