@@ -23,4 +23,7 @@ CUDA_HOME=/usr/local/cuda CPATH=$SP/nvidia/nccl/include:$SP/nvidia/cudnn/include
   python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/te-torch ./transformer_engine_torch-*.tar.gz
 # --target would replace SITE's transformer_engine package, so merge the extension in by hand.
 cp -r /tmp/te-torch/transformer_engine/* "$SITE/transformer_engine/" && cp -r /tmp/te-torch/*.dist-info "$SITE/"
+# Bytecode once, in parallel: without it every training process recompiled Megatron, Bridge and transformers (the
+# compile-time SyntaxWarnings in every train.log); compileall writes even where PYTHONDONTWRITEBYTECODE is set.
+python3 -m compileall -q -j "$(nproc)" "$SITE" >/dev/null 2>&1 || true
 python3 -c "import torch, transformer_engine.pytorch, megatron.bridge; print('device env ready: torch', torch.__version__, 'gpus', torch.cuda.device_count())"
