@@ -148,7 +148,14 @@ def test_repeats_summary_and_resume(gpu: Gpu, tmp_path: Path) -> None:
     # one more run per case asked for: only the missing one runs, then a 4-run summary
     assert sweep(path, tmp_path / "c", "--sweep", "h1", "--repeats", "4") == 0
     assert [p.name for p in gpu.launched[3:]] == ["run3"]
-    assert results.read_jsonl(path)[-1]["metrics"]["runs"] == 4
+    four = results.read_jsonl(path)[-1]["metrics"]
+    assert four["runs"] == 4
+    # the report, from the results file alone: the latest summary of the lease, median (min-max)
+    assert sweep(path, tmp_path / "d", "--report") == 0
+    md = path.with_suffix(".md").read_text()
+    u = repeats.USEFUL
+    assert f"| {h1.name} | {lease} | 4 | {four[u]:.0f} ({four[u + '_min']:.0f}-{four[u + '_max']:.0f}) |" in md
+    assert f"| {h1.name} | {lease} | 3 |" not in md  # the 4-run summary replaced the 3-run one
 
 
 def test_a_failed_run_is_not_counted_nor_repeated(gpu: Gpu, tmp_path: Path) -> None:
