@@ -43,22 +43,14 @@ PARITY_TOLERANCE_NATS = 0.05
 (~4.5 nats) these runs reach at step 100."""
 
 
-def lease() -> str:
-    """This machine's boot id: a lent GPU machine is booted fresh, so runs with the same id share a lease."""
-    try:
-        return "lease-" + Path("/proc/sys/kernel/random/boot_id").read_text().strip()[:8]
-    except OSError:
-        return "lease-unknown"
-
-
 def next_index(mode: str, recipe: str) -> int:
     """The first unused run number of this lease, so that repeats split over several calls add runs."""
-    return sum(1 for _ in (OUT / lease() / mode).glob(f"{recipe}-*/case.json"))
+    return sum(1 for _ in (OUT / results.lease() / mode).glob(f"{recipe}-*/case.json"))
 
 
 def run_case(mode: str, recipe: str) -> dict[str, object]:
     i = next_index(mode, recipe)
-    run_dir = OUT / lease() / mode / f"{recipe}-{i}"
+    run_dir = OUT / results.lease() / mode / f"{recipe}-{i}"
     overrides = [*BASE, *RECIPES[recipe], f"train.iterations={STEPS[mode]}"]
     cmd = [sys.executable, str(ROOT / "train.py"), *overrides, f"hydra.run.dir={run_dir}"]
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -67,7 +59,7 @@ def run_case(mode: str, recipe: str) -> dict[str, object]:
         rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
                             env=dict(os.environ, PYTHONUNBUFFERED="1")).returncode
     meta = {"mode": mode, "recipe": recipe, "i": i, "rc": rc, "wall_s": round(time.time() - t0, 1),
-            "command": "python train.py " + " ".join(overrides), "machine": results.machine(), "lease": lease()}
+            "command": "python train.py " + " ".join(overrides), "machine": results.machine(), "lease": results.lease()}
     (run_dir / "case.json").write_text(json.dumps(meta))
     print(f"[precision] {mode} {recipe} #{i}: rc {rc}, {meta['wall_s']} s", flush=True)
     return meta

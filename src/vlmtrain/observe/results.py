@@ -5,7 +5,8 @@ count (the first `skip` steps include compilation, CUDA-graph capture and alloca
 TFLOP/s, MFU) are over the whole steady window: total work / total time, i.e. per-step rates weighted by step
 time. A median of per-step rates would overstate them whenever steps carry unequal work (packed real images:
 steps with more tokens run at higher rates; up to ~10 % in results/perf_h200x2.jsonl). Step time and the other
-keys are medians.
+keys are medians. Per tower (vit, projector, decoder), `mfu_<tower>` is the tower's FLOPs over its own timed span
+(observe.timing's per-component seconds) against the same peak as `mfu`.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ SUMMARY_KEYS = (*HEADLINE_KEYS, "time_vision_s", "time_projector_s", "time_decod
                 "skipped_samples")
 """What a benchmark row's `metrics` holds: the headline, observe.timing's per-component seconds (`other` = step_s
 minus the named ones), the FLOPs split and vlmtrain's own host time (report.job.SUMMARY_KEYS is the same tuple)."""
+TOWERS = {"vit": "time_vision_s", "projector": "time_projector_s", "decoder": "time_decoder_s"}
+"""Each tower's FLOPs key suffix (flops_<tower>) -> its timed span in a metrics row."""
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -71,7 +74,33 @@ def summarize_rows(rows: list[dict[str, Any]], skip: int = SKIP,
     losses = [r["lm_loss"] for r in rows if isinstance(r.get("lm_loss"), int | float)]
     if losses:
         out.update(first_loss=losses[0], last_loss=losses[-1])
+    return out | tower_mfu(after)
+
+
+def tower_mfu(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """mfu_<tower> over these rows: the tower's total FLOPs / its total timed seconds / (GPUs x peak), where
+    GPUs x peak is read back from each row's own mfu (mfu = flops / (step_s x GPUs x peak)); towers without FLOPs and
+    time in every row, or that never ran, are left out."""
+    have = [r for r in rows if all(isinstance(r.get(k), int | float) and r[k] > 0 for k in ("flops", "step_s", "mfu"))]
+    if not have:
+        return {}
+    peak = [r["flops"] / (r["step_s"] * r["mfu"]) for r in have]  # FLOP/s of the whole world at 100 % MFU
+    out = {}
+    for tower, span in TOWERS.items():
+        pairs = [(r.get(f"flops_{tower}"), r.get(span), p) for r, p in zip(have, peak, strict=True)]
+        if all(isinstance(f, int | float) and isinstance(t, int | float) for f, t, _ in pairs):
+            seconds = sum(t for _, t, _ in pairs)
+            if seconds > 0:
+                out[f"mfu_{tower}"] = sum(f / p for f, _, p in pairs) / seconds
     return out
+
+
+def lease() -> str:
+    """This machine's boot id: a lent GPU machine is booted fresh, so runs with the same id share a lease."""
+    try:
+        return "lease-" + Path("/proc/sys/kernel/random/boot_id").read_text().strip()[:8]
+    except OSError:
+        return "lease-unknown"
 
 
 def summarize(run_dir: Path, skip: int = SKIP, keys: tuple[str, ...] = HEADLINE_KEYS) -> dict[str, Any]:

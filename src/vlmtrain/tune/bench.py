@@ -1,9 +1,13 @@
 """`vlmtrain sweep <spec>`: the named sweeps of a spec (conf/tune/perf_h200x2.yaml: the 2 x H200 benchmark), one
 case after another through the trial runner (`python train.py -m`, as `vlmtrain tune` runs its trials), one row per
 case in the spec's results file (vlmtrain.observe.results; metrics from summarize, the full override list as
-`config`); `--report` writes <results>.md from that file alone.
+`config`); `--report` writes <results>.md from that file alone. With `--repeats N` (default: the spec's `repeats`, else
+1) each case runs until this machine lease has N finished runs of it (one row each, with `lease` and `run`; runs
+already recorded for the lease are skipped, so repeats may span device calls), then its summary row: median and
+min-max (vlmtrain.observe.bench.repeats).
 
     vlmtrain sweep perf_h200x2 --sweep mbs parallelism [--only SUBSTR ...] [--iterations 8]
+    vlmtrain sweep perf_h200 --sweep h1 [--repeats 3] [--budget-s 600]   # one H200: 3 runs per case, then medians
     vlmtrain sweep perf_h200x2 --sweep all --dry-run     # CPU: preflight + Bridge validation of every case
     vlmtrain sweep perf_h200x2 --sweep all --list        # the case table only
     vlmtrain sweep perf_h200x2 --report                  # results/perf_h200x2.md from the results file
@@ -17,7 +21,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from vlmtrain.observe import results
 from vlmtrain.observe.bench import cases as run_cases
+from vlmtrain.observe.bench import repeats
 from vlmtrain.observe.bench.cases import ROOT
 from vlmtrain.tune import bench_report, trials
 from vlmtrain.tune.spec import Case, Spec
@@ -64,8 +70,6 @@ def dry_run(spec: Spec, cases: list[Case], out: Path) -> dict[str, str]:
 def mock_ratio_row(spec: Spec, ran: set[str], results_path: Path, command: str) -> dict[str, Any] | None:
     """Real vs mock at the same settings (the spec's `mock_pair`), once either side ran now; the other side may
     come from an earlier session's row in the same results file."""
-    from vlmtrain.observe import results
-
     if not spec.get("mock_pair"):
         return None
     names = tuple(spec.case(e).name for e in spec.get("mock_pair"))
@@ -81,19 +85,33 @@ def mock_ratio_row(spec: Spec, ran: set[str], results_path: Path, command: str) 
                           config={"real": real["config"], "mock": mock["config"]})
 
 
-def run_case(spec: Spec, case: Case, args: argparse.Namespace) -> dict[str, Any] | None:
+def run_case(spec: Spec, case: Case, args: argparse.Namespace, trial_dir: Path | None = None,
+             **extra: Any) -> dict[str, Any] | None:
     """One case through the trial runner (no early stopping: every case is measured), its row appended."""
     rc_case = as_run_case(spec, case, args.iterations)
-    out = trials.run(trials.sweep_process, args.out / case.name, run_cases.overrides(rc_case), rc_case.gpus)
+    out = trials.run(trials.sweep_process, trial_dir or args.out / case.name, run_cases.overrides(rc_case),
+                     rc_case.gpus)
     if out.status != "ok":
         print(f"[sweep] {case.name}: {out.reason}", flush=True)
     return run_cases.record(rc_case, 0 if out.status == "ok" else 1, Path(out.run_dir), out.wall_s, args.results,
-                            config=run_cases.overrides(rc_case), runner=args.runner)
+                            config=run_cases.overrides(rc_case), runner=args.runner, **extra)
+
+
+def pending(cases: list[Case], args: argparse.Namespace, lease: str) -> list[tuple[Case, int]]:
+    """(case, run number) still to run on this lease: each case's runs up to --repeats, the recorded ones left out."""
+    todo = []
+    for case in cases:
+        have = repeats.done(args.results, case.name, lease) if args.repeats > 1 else 0
+        if args.repeats > 1 and have:
+            print(f"[sweep] {case.name}: {have} of {args.repeats} runs already recorded on {lease}", flush=True)
+        todo += [(case, i) for i in range(have, args.repeats)]
+    return todo
 
 
 def main(spec: Spec, args: argparse.Namespace) -> int:
     args.results = args.results or ROOT / spec.get("results", f"results/{spec.name}.jsonl")
     args.iterations = args.iterations or int(spec.get("iterations", 8))
+    args.repeats = args.repeats or int(spec.get("repeats", 1))
     if args.report:
         md = bench_report.report(spec, args.results, args.entry + " --report")
         args.results.with_suffix(".md").write_text(md)
@@ -110,7 +128,8 @@ def main(spec: Spec, args: argparse.Namespace) -> int:
         print("[sweep] no case matches", file=sys.stderr)
         return 2
     case_s = int(spec.get("case_s", 120))
-    print(f"[sweep] {len(cases)} case(s), ~{len(cases) * case_s / 60:.0f} min of device time at ~{case_s} s each")
+    print(f"[sweep] {len(cases)} case(s) x {args.repeats} run(s), ~{len(cases) * args.repeats * case_s / 60:.0f} min "
+          f"of device time at ~{case_s} s each")
     if args.list:
         print(table(spec, cases))
         return 0
@@ -125,17 +144,28 @@ def main(spec: Spec, args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     args.runner = f"{args.entry} --sweep {' '.join(args.sweep)}"
-    failed, ran, t0, walls = 0, set(), time.monotonic(), []
-    for i, case in enumerate(cases):
+    lease = results.lease()
+    todo = pending(cases, args, lease)
+    failed, ran, t0, walls = set(), set(), time.monotonic(), []
+    for k, (case, i) in enumerate(todo):
+        if case.name in failed:
+            continue  # a case that failed once on this lease is not repeated in this call
         if args.budget_s is not None and time.monotonic() - t0 + max(walls, default=case_s) > args.budget_s:
             print(f"[sweep] budget: {args.budget_s:.0f} s would be exceeded; not started: "
-                  f"{', '.join(c.name for c in cases[i:])}", flush=True)
+                  f"{', '.join(f'{c.name} run {j}' for c, j in todo[k:])}", flush=True)
             break
+        print(f"[sweep] {case.name}" + (f" run {i + 1}/{args.repeats} ({lease})" if args.repeats > 1 else ""),
+              flush=True)
         started = time.monotonic()
-        row = run_case(spec, case, args)
+        extra = {"lease": lease, "run": i} if args.repeats > 1 else {}
+        row = run_case(spec, case, args, args.out / case.name / f"run{i}" if extra else None, **extra)
         walls.append(time.monotonic() - started)
-        failed += row is None
-        ran |= {case.name} if row else set()
+        if row is None:
+            failed.add(case.name)
+            continue
+        ran.add(case.name)
+        if extra and i + 1 == args.repeats:
+            repeats.append_summary(args.results, case.name, lease, f"{args.runner} --repeats {args.repeats}")
     mock_ratio_row(spec, ran, args.results, f"{args.entry} --sweep mock")
     return 1 if failed else 0
 
@@ -144,6 +174,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--sweep", nargs="+", help="sweep names of the spec, or all")
     ap.add_argument("--only", nargs="*", help="case names (substring match)")
     ap.add_argument("--iterations", type=int, help="default: the spec's")
+    ap.add_argument("--repeats", type=int, help="runs per case on this machine lease, then a median row (default: the "
+                    "spec's `repeats`, else 1); runs the lease already recorded are not run again")
     ap.add_argument("--dry-run", action="store_true", help="dry_run=true for every case (CPU: no GPU needed)")
     ap.add_argument("--list", action="store_true", help="print the case table and exit")
     ap.add_argument("--report", action="store_true", help="write <results>.md from --results and exit")

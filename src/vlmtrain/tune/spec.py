@@ -24,7 +24,7 @@ from vlmtrain.config.compose import CONF_DIR
 SPEC_DIR = CONF_DIR / "tune"
 LAYOUT = re.compile(r"^(fsdp|3d)((?:-(?:tp|pp|vpp|cp|ep|etp)\d+)*)$")
 TOP_KEYS = frozenset({"base", "knobs", "defaults", "prefix", "sweeps", "stages", "finalists", "early_stop",
-                      "claims", "best", "tie", "mock_pair", "gpus", "iterations", "case_s", "results",
+                      "claims", "best", "tie", "mock_pair", "gpus", "iterations", "repeats", "case_s", "results",
                       "packed", "kernels_best", "packed_rows"})
 MBS, GBS = "train.micro_batch_size", "train.global_batch_size"
 

@@ -1,4 +1,5 @@
-"""Run named train.py cases on this GPU node and append one row per case to results/<suite>.jsonl.
+"""Run named train.py cases on this GPU node and append one row per case to results/<suite>.jsonl. (Benchmarks with
+repeats and medians are specs of `vlmtrain sweep`: conf/tune/perf_h200.yaml holds the one-H200 packing cases.)
 
     python benchmarks/run_cases.py gpu_training [--only NAME ...] [--results results/gpu_training.jsonl]
 
@@ -33,8 +34,6 @@ SHAPE_30B = [
     "train.iterations=10",
     "train.global_batch_size=8",
 ]
-
-PACKED_8192 = ["parallelism=3d", "data.packing=8192"]
 
 
 @dataclass
@@ -75,16 +74,6 @@ SUITES: dict[str, list[Case]] = {
         Case("30b-shape-l4_fsdp_ep1_frozen_recompute-none_graph-none_1gpu", 1, [*SHAPE_30B, "vision=frozen"]),
         Case("30b-shape-l4_fsdp_ep2_trainable_recompute-none_graph-none_2gpu", 2, SHAPE_30B),
         Case("30b-shape-l4_3d_ep2_trainable_recompute-none_graph-none_2gpu", 2, [*SHAPE_30B, "parallelism=3d"]),
-    ],
-    # Packing by token budget (issue 22) on one H200: a capacity run trains, and the 30B-A3B shape with static
-    # rows with and without the MoE router/preprocess graphs; the same bins and GBS rows, so equal useful work.
-    "perf_h200": [
-        Case("tiny_packed4096_1gpu", 1, [*TINY, "data=realistic", "data.packing=4096"]),
-        Case("30b-shape-l4_3d_packed8192_graph-none_1gpu", 1, [*SHAPE_30B, *PACKED_8192, "cuda_graph=none"]),
-        Case("30b-shape-l4_3d_packed8192-static_graph-none_1gpu", 1,
-             [*SHAPE_30B, *PACKED_8192, "data.packing_static=true", "cuda_graph=none"]),
-        Case("30b-shape-l4_3d_packed8192-static_graph-moe_router_preprocess_1gpu", 1,
-             [*SHAPE_30B, *PACKED_8192, "data.packing_static=true", "cuda_graph=moe_router_preprocess"]),
     ],
 }
 

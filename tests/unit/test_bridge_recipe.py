@@ -1,0 +1,52 @@
+"""The issue-23 peer's dry run on CPU: Megatron Bridge's own Qwen3-VL-30B-A3B SFT recipe, built by Bridge's recipe
+function and validated by Bridge's runtime_config_update for one H200, keeps the recipe's fields and changes only
+those listed (vlmtrain.observe.bench.bridge_recipe.CHANGES)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vlmtrain.observe.bench import bridge_recipe
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Any]:
+    out = tmp_path_factory.mktemp("bridge-recipe")
+    shipped = bridge_recipe.shipped(bridge_recipe.h1_run(out / "shipped"))
+    return bridge_recipe.dry_run(out / "dry-run"), shipped  # what `bridge_recipe_h1.py --dry-run` runs
+
+
+def test_recipe_fields_kept(built: tuple[dict[str, Any], Any]) -> None:
+    facts, shipped = built
+    assert (facts["micro_batch_size"], facts["global_batch_size"]) == (2, 32) == (
+        shipped.train.micro_batch_size, shipped.train.global_batch_size)
+    assert facts["moe_token_dispatcher_type"] == shipped.model.moe_token_dispatcher_type == "alltoall"
+    assert not any(facts[f"freeze_{t}"] for t in ("language_model", "vision_model", "vision_projection"))
+    assert facts["enable_in_batch_packing"] and facts["defer_in_batch_packing_to_step"]  # packing left to its step
+    assert facts["dataset"] == type(shipped.dataset).__name__ == "DirectHFSFTDatasetConfig"
+    assert facts["seq_length"] == 4096 and facts["tensor_model_parallel_size"] == 1
+    assert facts["pretrained_checkpoint"] is None and "bf16=True" in facts["mixed_precision"]
+
+
+def test_only_listed_fields_changed(built: tuple[dict[str, Any], Any]) -> None:
+    facts, shipped = built
+    assert (shipped.model.expert_model_parallel_size, shipped.model.num_layers) == (8, 48)
+    assert (facts["expert_model_parallel_size"], facts["num_layers"]) == (1, bridge_recipe.LAYERS) == (1, 4)
+    assert shipped.dataset.source.dataset_name == "cord_v2" and facts["source"] == "json"
+    assert str(facts["data_files"]["train"]).endswith(".jsonl")  # vlmtrain's checked data=realistic copy
+    assert shipped.checkpoint.save and facts["checkpoint_save"] is None
+    assert facts["train_iters"] == bridge_recipe.ITERATIONS and shipped.train.train_iters == 50
+    for field in ("model.expert_model_parallel_size", "model.num_layers", "train.train_iters", "dataset.source",
+                  "checkpoint.save/load", "model.gradient_accumulation_fusion"):
+        assert field in bridge_recipe.CHANGES
+
+
+def test_one_torchrun_process_per_run() -> None:
+    cmd = bridge_recipe.command(Path("outputs/x/run0"), ROOT / "benchmarks" / "bridge_recipe_h1.py")
+    assert cmd[1:4] == ["-m", "torch.distributed.run", "--nproc-per-node=1"]
+    assert cmd[-3:] == [str(ROOT / "benchmarks" / "bridge_recipe_h1.py"), bridge_recipe.RANK_FLAG, "outputs/x/run0"]

@@ -1,0 +1,226 @@
+"""One H200 (issue 23's benchmark H1, issue 22's packing cases): the perf_h200 spec composes to the configurations it
+names, `vlmtrain sweep --repeats` runs each case until the lease has N runs and writes the median row, per-tower MFU
+is derived from real run files, vs_bridge_recipe pairs summaries of one lease, the matmul ceiling reads the model's
+shapes. The GPU runs are the only test double: a trial copies a real recorded 1 x H200 run dir of the 30B-A3B shapes
+at 4 decoder layers (tests/fixtures/precision_h200, from benchmarks/precision_h200.py) into its run dir."""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vlmtrain import cli
+from vlmtrain.config.compose import compose
+from vlmtrain.observe import results
+from vlmtrain.observe.bench import cases as run_cases
+from vlmtrain.observe.bench import ceiling, repeats
+from vlmtrain.tune import bench, spec, trials
+
+ROOT = Path(__file__).resolve().parents[2]
+RUNS = sorted((ROOT / "tests" / "fixtures" / "precision_h200").iterdir())
+"""Three real 1 x H200 runs (metrics.jsonl with per-component times and FLOPs)."""
+PERF = spec.load("perf_h200")
+ENTRY = "python benchmarks/perf_h200.py"
+H1_START = ["experiment=perf_h200x2_best", "gpus_per_node=1", "parallelism.ep=1", "model.num_layers=4"]
+"""The starting point users tried (issue 23), but for its GBS (see conf/tune/perf_h200.yaml's `h1`)."""
+
+
+def composed(overrides: list[str]) -> dict[str, Any]:
+    """What a run trains: its composed config, EP as resolved for its world (auto on one GPU is EP 1)."""
+    from omegaconf import OmegaConf
+
+    from vlmtrain.config import world
+
+    run = compose(overrides)
+    tree = OmegaConf.to_container(OmegaConf.structured(run))
+    tree["parallelism"]["ep"] = world.layout(run).ep
+    for k in ("output_dir", "name", "choices", "dry_run", "wandb"):
+        tree.pop(k, None)
+    tree["train"].pop("checkpoint_dir", None)
+    return tree
+
+
+def case_overrides(case: spec.Case) -> list[str]:
+    return run_cases.overrides(bench.as_run_case(PERF, case, PERF.get("iterations")))
+
+
+def test_h1_case_is_the_shipped_best_on_one_gpu() -> None:
+    (h1,) = PERF.expand(["h1"])
+    assert h1.name.startswith(repeats.H1_PREFIX)
+    want = composed([*H1_START, "train.global_batch_size=4", "train.iterations=8", "wandb.enabled=false"])
+    got = composed(case_overrides(h1))
+    assert got == want
+    assert got["data"]["packing"] == 12288 and got["kernels"]["rope"] == "te" and got["vision"]["freeze_vision_model"] \
+        is False and got["model"]["num_layers"] == 4 and got["train"]["seq_length"] == 4096
+
+
+def test_packing_cases_are_issue_22s_suite() -> None:
+    """The cases run_cases' perf_h200 suite held (its overrides as of its last commit), now with the spec's length."""
+    shape = ["model=qwen3_vl_30b_a3b", "model.num_layers=4", "data=realistic", "train.global_batch_size=8"]
+    packed = [*shape, "parallelism=3d", "data.packing=8192"]
+    suite = [["model=tiny", "train.global_batch_size=8", "data=realistic", "data.packing=4096"],
+             [*packed, "cuda_graph=none"], [*packed, "data.packing_static=true", "cuda_graph=none"],
+             [*packed, "data.packing_static=true", "cuda_graph=moe_router_preprocess"]]
+    cases = PERF.expand(["packing"])
+    assert len(cases) == len(suite)
+    for case, old in zip(cases, suite, strict=True):
+        assert composed(case_overrides(case)) == composed([*old, "gpus_per_node=1", "train.iterations=8",
+                                                           "dry_run=false", "wandb.enabled=false"]), case.name
+    assert "perf_h200" not in run_cases.SUITES  # one mechanism: the spec
+
+
+class Copied:
+    """A trial handle whose run already ended: a recorded run's files copied into its run dir."""
+
+    def __init__(self, run_dir: Path, source: Path | None):
+        self.run_dir = run_dir
+        if source is not None:
+            shutil.copytree(source, run_dir)
+        else:
+            run_dir.mkdir(parents=True)
+            (run_dir / "train.log").write_text("torch.OutOfMemoryError: CUDA out of memory\n")
+        self.rc = 0 if source is not None else 1
+
+    def poll(self) -> int:
+        return self.rc
+
+    def stop(self) -> None:
+        raise AssertionError("no early stopping in a sweep")
+
+    def wall_s(self) -> float:
+        return 60.0
+
+
+class Gpu:
+    """The GPU stand-in: the k-th trial copies RUNS[k % 3] into its run dir, or fails if k is in `fail`."""
+
+    def __init__(self) -> None:
+        self.launched: list[Path] = []
+        self.fail: set[int] = set()
+
+    def __call__(self, trial_dir: Path, overrides: list[str]) -> Copied:
+        k = len(self.launched)
+        self.launched.append(trial_dir)
+        return Copied(trial_dir / trials.RUN_SUBDIR, None if k in self.fail else RUNS[k % len(RUNS)])
+
+
+@pytest.fixture
+def gpu(monkeypatch: pytest.MonkeyPatch) -> Gpu:
+    from vlmtrain.config import world
+
+    launch = Gpu()
+    monkeypatch.setattr(trials, "sweep_process", launch)
+    monkeypatch.setattr(world, "local_gpus", lambda: 1)
+    return launch
+
+
+def sweep(path: Path, out: Path, *argv: str) -> int:
+    return cli.main(["sweep", "perf_h200", "--entry", ENTRY, "--results", str(path), "--out", str(out), *argv])
+
+
+def test_repeats_summary_and_resume(gpu: Gpu, tmp_path: Path) -> None:
+    path, lease = tmp_path / "perf_h200.jsonl", results.lease()
+    (h1,) = PERF.expand(["h1"])
+    assert sweep(path, tmp_path / "a", "--sweep", "h1") == 0
+    assert [p.name for p in gpu.launched] == ["run0", "run1", "run2"]
+    assert all(p.parent.name == h1.name for p in gpu.launched)
+    rows = results.read_jsonl(path)
+    runs = [r for r in rows if r["name"] == h1.name]
+    assert [(r["run"], r["lease"]) for r in runs] == [(0, lease), (1, lease), (2, lease)]
+    for r, src in zip(runs, RUNS, strict=True):  # each run row is its own run files' summary
+        assert r["metrics"] == results.summarize(src, keys=results.SUMMARY_KEYS)
+    (summary,) = [r for r in rows if r["name"] == h1.name + repeats.SUMMARY_SUFFIX]
+    m = summary["metrics"]
+    assert m["runs"] == 3 and summary["lease"] == lease and summary["case"] == h1.name
+    for key in repeats.KEYS:
+        values = [r["metrics"][key] for r in runs]
+        assert (m[key], m[f"{key}_min"], m[f"{key}_max"]) == (statistics.median(values), min(values), max(values))
+    assert len({r["metrics"]["useful_tokens_per_s_per_gpu"] for r in runs}) == 3  # a median of distinct runs
+
+    # the same lease again: nothing to run, nothing written; run dirs of the first call are still there
+    assert sweep(path, tmp_path / "b", "--sweep", "h1") == 0
+    assert len(gpu.launched) == 3 and len(results.read_jsonl(path)) == len(rows)
+    assert all((p / trials.RUN_SUBDIR / "metrics.jsonl").exists() for p in gpu.launched)
+    # one more run per case asked for: only the missing one runs, then a 4-run summary
+    assert sweep(path, tmp_path / "c", "--sweep", "h1", "--repeats", "4") == 0
+    assert [p.name for p in gpu.launched[3:]] == ["run3"]
+    four = results.read_jsonl(path)[-1]["metrics"]
+    assert four["runs"] == 4
+    # the report, from the results file alone: the latest summary of the lease, median (min-max)
+    assert sweep(path, tmp_path / "d", "--report") == 0
+    md = path.with_suffix(".md").read_text()
+    u = repeats.USEFUL
+    assert f"| {h1.name} | {lease} | 4 | {four[u]:.0f} ({four[u + '_min']:.0f}-{four[u + '_max']:.0f}) |" in md
+    assert f"| {h1.name} | {lease} | 3 |" not in md  # the 4-run summary replaced the 3-run one
+
+
+def test_a_failed_run_is_not_counted_nor_repeated(gpu: Gpu, tmp_path: Path) -> None:
+    path = tmp_path / "perf_h200.jsonl"
+    gpu.fail.add(1)
+    assert sweep(path, tmp_path / "a", "--sweep", "h1") == 1
+    assert len(gpu.launched) == 2  # run 1 failed: run 2 of that case did not start in this call
+    (h1,) = PERF.expand(["h1"])
+    assert repeats.done(path, h1.name, results.lease()) == 1
+    assert not any(r["name"].endswith(repeats.SUMMARY_SUFFIX) for r in results.read_jsonl(path))
+    assert sweep(path, tmp_path / "b", "--sweep", "h1") == 0  # resumes: runs 1 and 2, then the summary
+    assert [p.name for p in gpu.launched[2:]] == ["run1", "run2"]
+    assert results.read_jsonl(path)[-1]["metrics"]["runs"] == 3
+
+
+def test_tower_mfu_from_real_run_files() -> None:
+    """mfu_<tower> = the tower's FLOPs over its timed seconds at the H200's peak (1 GPU), over the steady steps."""
+    peak = compose(["hardware=h200"]).hardware.peak_bf16_tflops * 1e12
+    for run_dir in RUNS:
+        steady = results.steady(results.read_jsonl(run_dir / "metrics.jsonl"))
+        s = results.summarize(run_dir)
+        for tower, span in results.TOWERS.items():
+            want = sum(r[f"flops_{tower}"] for r in steady) / sum(r[span] for r in steady) / peak
+            assert s[f"mfu_{tower}"] == pytest.approx(want, rel=1e-9), (run_dir.name, tower)
+        assert 0 < s["mfu_vit"] < 1 and 0 < s["mfu_decoder"] < 1
+    assert results.tower_mfu([{"step_s": 1.0, "mfu": 0.1, "flops": 1e12}]) == {}  # no tower times: none derived
+
+
+def test_vs_bridge_recipe_pairs_one_lease(tmp_path: Path) -> None:
+    """Run rows from real run files for both sides; the ratio of their medians appears once both summaries exist."""
+    path, lease, other = tmp_path / "perf_h200.jsonl", "lease-aaaa", "lease-bbbb"
+    h1 = PERF.expand(["h1"])[0].name
+    for i, run_dir in enumerate(RUNS):
+        results.append(path, repeats.BRIDGE_RECIPE, "python benchmarks/bridge_recipe_h1.py",
+                       results.summarize(run_dir, keys=results.SUMMARY_KEYS), lease=lease, run=i)
+    results.append(path, h1, "python train.py ...", results.summarize(RUNS[0], keys=results.SUMMARY_KEYS),
+                   lease=other, run=0)
+    assert repeats.append_summary(path, repeats.BRIDGE_RECIPE, lease, "cmd") is not None
+    assert repeats.append_summary(path, h1, other, "cmd") is not None
+    assert repeats.vs_bridge(results.read_jsonl(path), lease) is None  # the vlmtrain side ran on another lease
+    assert not any(r["name"].startswith("vs-bridge-recipe_") for r in results.read_jsonl(path))
+    results.append(path, h1, "python train.py ...", results.summarize(RUNS[1], keys=results.SUMMARY_KEYS),
+                   lease=lease, run=0)
+    repeats.append_summary(path, h1, lease, "cmd")
+    row = results.read_jsonl(path)[-1]
+    assert row["name"] == f"vs-bridge-recipe_{lease}" and row["lease"] == lease
+    ours = results.summarize(RUNS[1])["useful_tokens_per_s_per_gpu"]
+    theirs = statistics.median(results.summarize(d)["useful_tokens_per_s_per_gpu"] for d in RUNS)
+    assert row["metrics"]["vs_bridge_recipe"] == pytest.approx(ours / theirs)
+    assert row["metrics"]["vlmtrain_case"] == h1 and row["metrics"]["bridge_recipe_runs"] == 3
+    assert repeats.done(path, h1, lease) == 1 and repeats.done(path, h1, "lease-cccc") == 0
+
+
+def test_ceiling_shapes_come_from_the_model_config(capsys: pytest.CaptureFixture[str]) -> None:
+    gemms, source = ceiling.h1_shapes()
+    m = compose(["model=qwen3_vl_30b_a3b"]).model
+    by = {g.name: g for g in gemms}
+    t = source["tokens_per_micro_batch"]
+    assert t == compose([*H1_START, "train.global_batch_size=4"]).data.packing == 12288
+    assert (by["vit_fc1"].k, by["vit_fc1"].n, by["vit_fc2"].k) == (m.vit.hidden_size, m.vit.intermediate_size,
+                                                                    m.vit.intermediate_size) == (1152, 4304, 4304)
+    assert by["decoder_qkv"].n == (m.num_attention_heads + 2 * m.num_query_groups) * m.head_dim
+    assert by["experts_fc1_batched"].batch == m.num_experts and by["expert_fc1"].m == t * m.moe_topk // m.num_experts
+    assert by["square_8192"].flops == 2 * 8192**3 and source["peak_bf16_tflops"] == 989.0
+    assert {g.tower for g in gemms} == {None, "vit", "projector", "decoder"}
+    assert ceiling.main(["--list"]) == 0 and "experts_fc2_batched" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        ceiling.main(["--repeats", "2", "--list"])
