@@ -65,7 +65,7 @@ prefix_wrappers() {
     chmod 0755 "$P/bin/${f##*/}"
   done
   if [ ! -e /usr/sbin/slurmstepd ]; then
-    cp "$P/bin/slurmstepd" /usr/sbin/slurmstepd
+    cp "$P/bin/slurmstepd" /usr/sbin/slurmstepd || diagnose "cannot write /usr/sbin/slurmstepd, the path slurmd runs"
   elif ! cmp -s /usr/sbin/slurmstepd "$P/usr/sbin/slurmstepd" && ! cmp -s /usr/sbin/slurmstepd "$P/bin/slurmstepd"; then
     diagnose "/usr/sbin/slurmstepd (compiled into slurmd) is another Slurm's: remove it or use that Slurm"
   fi

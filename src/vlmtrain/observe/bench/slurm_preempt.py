@@ -24,6 +24,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -52,7 +53,8 @@ class Case:
 
 CASES = {
     "30b": Case("qwen3_vl_30b_a3b_l4", ("model=qwen3_vl_30b_a3b", "model.num_layers=4", "data=realistic"), 8, 3),
-    "tiny": Case("tiny", ("model=tiny",), 12, 4),
+    # tiny steps take a fraction of a second: 56 steps after the signal so that it lands mid-run
+    "tiny": Case("tiny", ("model=tiny",), 60, 4),
 }
 
 
@@ -136,6 +138,12 @@ def diagnostics(sweep: Path, job_id: str | None) -> str:
     return "\n".join(parts)
 
 
+def _env() -> dict[str, str]:
+    """This checkout's src first on PYTHONPATH (absolute: the Slurm job inherits it and starts elsewhere)."""
+    return {**os.environ, "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH")) if p)}
+
+
 def run_reference(case: Case, out: Path, timeout_s: float) -> tuple[int, Path]:
     """The uninterrupted run, directly (torchrun on the local GPU), no checkpoints."""
     run_dir = out / "reference"
@@ -143,8 +151,25 @@ def run_reference(case: Case, out: Path, timeout_s: float) -> tuple[int, Path]:
     run_dir.mkdir(parents=True)
     cmd = [sys.executable, str(ROOT / "train.py"), *overrides(case, None), f"hydra.run.dir={run_dir}"]
     with (run_dir / "console.txt").open("w") as log:
-        rc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s).returncode
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:  # SIGKILL all of it: a surviving rank would hold the GPU
+            os.killpg(proc.pid, signal.SIGKILL)
+            _kill_naming(run_dir)  # torchrun starts the ranks in sessions of their own
+            rc = proc.wait()
     return rc, run_dir
+
+
+def _kill_naming(run_dir: Path) -> None:
+    """SIGKILL every process whose command line names run_dir (only this run's processes do)."""
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if str(run_dir).encode() in cmdline.read_bytes():
+                os.kill(int(cmdline.parent.name), signal.SIGKILL)
+        except (OSError, ValueError):
+            pass
 
 
 def _rank0(sweep: Path) -> dict[str, Any] | None:
@@ -160,8 +185,7 @@ def run_preempted(case: Case, out: Path, ckpt: Path, timeout_s: float) -> dict[s
     cmd = [sys.executable, str(ROOT / "train.py"), "-m", *launcher(sweep), *overrides(case, ckpt)]
     sweep.mkdir(parents=True)
     log = (out / "launcher.txt").open("w")
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ,
-                            "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=_env())
     deadline, job_id, sent = time.monotonic() + timeout_s, None, None
     try:
         while proc.poll() is None and time.monotonic() < deadline:
@@ -179,7 +203,8 @@ def run_preempted(case: Case, out: Path, ckpt: Path, timeout_s: float) -> dict[s
         if job_id:
             _sh("scancel", job_id)
     log.close()
-    return {"rc": rc, "job_id": job_id, "sent": sent, "sweep": sweep, "job": scontrol_job(job_id) if job_id else {}}
+    job = scontrol_job(job_id, wait_s=60 if rc is not None else 5) if job_id else {}
+    return {"rc": rc, "job_id": job_id, "sent": sent, "sweep": sweep, "job": job}
 
 
 def scontrol_job(job_id: str, wait_s: float = 60) -> dict[str, str]:
@@ -232,7 +257,7 @@ def evaluate(case: Case, reference: Path, slurm: dict[str, Any], ckpt: Path) -> 
     ok = (slurm["rc"] == 0 and m["signal_sent"] is not None and (m["signal_recorded"] or {}).get("name") == "SIGUSR2"
           and m["restart_count"] == "1" and m["same_job_id"] and m["slurm_state"] == "COMPLETED"
           and m["slurm_restarts"] == "1" and saved is not None and iters == [saved]
-          and saved >= case.signal_after and m["bridge_exit_on_signal"] and m["requeued_by_submitit"]
+          and case.signal_after <= saved < case.iterations and m["bridge_exit_on_signal"] and m["requeued_by_submitit"]
           and m["loaded"] == [{"dir": str(ckpt), "iteration": saved}]
           and sorted(rows) == list(range(case.iterations)) and set(ref) == set(range(case.iterations))
           and m["first_step_after_resume"] == saved
