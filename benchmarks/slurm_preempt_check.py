@@ -31,10 +31,12 @@ def main() -> int:
                     "an earlier call left in --out")
     ap.add_argument("--out", type=Path, default=None, help="default outputs/slurm_preempt/<case>")
     ap.add_argument("--ckpt", type=Path, default=None, help="default /tmp/vlmtrain_slurm_ckpt/<case>")
+    ap.add_argument("--layers", type=int, default=None, help="--case 30b with this many decoder layers (default 4): "
+                    "where the disk cannot hold the 4-layer checkpoint")
     ap.add_argument("--timeout", type=float, default=540, help="seconds per phase")
     ap.add_argument("--results", type=Path, default=ROOT / "results" / "reliability.jsonl")
     a = ap.parse_args()
-    case = sp.CASES[a.case]
+    case = sp.CASES[a.case] if a.layers is None else sp.with_layers(sp.CASES[a.case], a.layers)
     out = (a.out or ROOT / "outputs" / "slurm_preempt" / a.case).resolve()
     ckpt = (a.ckpt or Path("/tmp/vlmtrain_slurm_ckpt") / a.case).resolve()
     if a.only != "reference":
@@ -60,7 +62,8 @@ def main() -> int:
     results.append(a.results, f"slurm_preempt_{case.name}_1gpu", sp.command(case, ckpt), {**metrics, **disk,
                    "slurm": sp.slurm_version(), "passed": ok}, losses_uninterrupted=ref_losses,
                    losses_preempted_and_resumed=slurm_losses,
-                   runner=f"python benchmarks/slurm_preempt_check.py --case {a.case}")
+                   runner=f"python benchmarks/slurm_preempt_check.py --case {a.case}"
+                   + (f" --layers {a.layers}" if a.layers else ""))
     print(json.dumps({"case": a.case, "passed": ok, **metrics}, default=str), flush=True)
     if not ok:
         print(sp.diagnostics(slurm["sweep"], slurm["job_id"]), file=sys.stderr)

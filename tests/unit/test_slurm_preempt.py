@@ -40,7 +40,11 @@ def test_disk_check_sizes_the_30b_checkpoint(tmp_path):
     big = sp.CASES["30b"]
     assert sp.disk_problem(big, tmp_path, need, need + sp.DISK_MARGIN_GIB) is None
     problem = sp.disk_problem(big, tmp_path, need, need)
-    assert problem is not None and "--ckpt" in problem and str(tmp_path) in problem
+    assert problem is not None and "--ckpt" in problem and "--layers" in problem and str(tmp_path) in problem
+    # the fallback for a smaller disk: fewer decoder layers of the same shape, a smaller checkpoint
+    two = sp.with_layers(big, 2)
+    assert two.name == "qwen3_vl_30b_a3b_l2" and "model.num_layers=2" in two.model and len(two.model) == len(big.model)
+    assert sp.checkpoint_gib(two) < need - 10
 
 
 def _record(job: str, restart: str | None) -> dict:

@@ -58,6 +58,13 @@ CASES = {
 }
 
 
+def with_layers(case: Case, layers: int) -> Case:
+    """The case with `layers` decoder layers (the 30B-A3B shape's depth, for a disk that cannot hold 4 layers')."""
+    model = tuple(o for o in case.model if not o.startswith("model.num_layers="))
+    return Case(f"{case.name.split('_l')[0]}_l{layers}", (*model, f"model.num_layers={layers}"), case.iterations,
+                case.signal_after)
+
+
 def overrides(case: Case, ckpt: Path | None) -> list[str]:
     """The training both runs share; with `ckpt`, checkpoints go there and only the exit signal saves one."""
     save = [] if ckpt is None else [
@@ -90,7 +97,7 @@ def disk_problem(case: Case, ckpt: Path, need_gib: float, free_gib: float) -> st
     if free_gib >= need_gib + DISK_MARGIN_GIB:
         return None
     return (f"a checkpoint of {case.name} needs ~{need_gib + DISK_MARGIN_GIB:.1f} GiB, {ckpt} has {free_gib:.1f} "
-            "GiB free: pass --ckpt <a dir on a larger filesystem>, or a smaller case (--case tiny)")
+            "GiB free: pass --ckpt <a dir on a larger filesystem>, or fewer decoder layers (--layers N)")
 
 
 def check_disk(case: Case, ckpt: Path) -> dict[str, float]:
