@@ -64,9 +64,9 @@ prefix_wrappers() {
     printf '#!/bin/sh\nexec %s --library-path %s %s "$@"\n' "$loader" "$libs" "$f" > "$P/bin/${f##*/}"
     chmod 0755 "$P/bin/${f##*/}"
   done
-  if [ ! -e /usr/sbin/slurmstepd ]; then
+  if [ ! -e /usr/sbin/slurmstepd ] || grep -qs "$P/usr/sbin/slurmstepd" /usr/sbin/slurmstepd; then  # none, or ours
     cp "$P/bin/slurmstepd" /usr/sbin/slurmstepd || diagnose "cannot write /usr/sbin/slurmstepd, the path slurmd runs"
-  elif ! cmp -s /usr/sbin/slurmstepd "$P/usr/sbin/slurmstepd" && ! cmp -s /usr/sbin/slurmstepd "$P/bin/slurmstepd"; then
+  elif ! cmp -s /usr/sbin/slurmstepd "$P/usr/sbin/slurmstepd"; then
     diagnose "/usr/sbin/slurmstepd (compiled into slurmd) is another Slurm's: remove it or use that Slurm"
   fi
   export PATH=$P/bin:$PATH
