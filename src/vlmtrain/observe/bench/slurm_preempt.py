@@ -61,7 +61,7 @@ CASES = {
 def with_layers(case: Case, layers: int) -> Case:
     """The case with `layers` decoder layers (the 30B-A3B shape's depth, for a disk that cannot hold 4 layers')."""
     model = tuple(o for o in case.model if not o.startswith("model.num_layers="))
-    return Case(f"{case.name.split('_l')[0]}_l{layers}", (*model, f"model.num_layers={layers}"), case.iterations,
+    return Case(f"{case.name.rsplit('_l', 1)[0]}_l{layers}", (*model, f"model.num_layers={layers}"), case.iterations,
                 case.signal_after)
 
 
