@@ -31,8 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from vlmtrain.observe import results  # noqa: E402
+from vlmtrain.observe.bench.resume import TOLERANCE, losses  # noqa: E402
 
-TOLERANCE = 0.02  # max |loss difference|: BF16 + non-deterministic MoE/grouped-GEMM reductions
 PACKING = 1024
 """--packed: rows of <= 1024 tokens; the default data's 16 samples (the longest 999 tokens) fill 8 bins of 1 to 3
 samples, so the 12 steps of 8 rows (train.global_batch_size counts rows) take 96 items of 8 bins (item i is bin
@@ -67,10 +67,6 @@ def launch(args: list[str], run_dir: Path, gpu: int) -> subprocess.Popen:
         env=env,
         start_new_session=True,
     )
-
-
-def losses(run_dir: Path) -> dict[int, float]:
-    return {r["step"]: r["lm_loss"] for r in results.read_jsonl(run_dir / "metrics.jsonl") if "lm_loss" in r}
 
 
 def samples(run_dir: Path) -> dict[tuple[int, int], list[list[int]]]:
