@@ -15,6 +15,7 @@ or the run ended first) is tried again with a fresh run, ATTEMPTS in all; the ro
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -107,6 +108,7 @@ def kill_mid_checkpoint(out: Path, mode: str, gpu: int = 0) -> tuple[bool, dict[
     try:
         run_a = launch(args(out / "ckpt_a"), out / "a", gpu)
         procs.append(run_a)
+        import megatron.bridge.training.checkpointing  # noqa: F401 - for bridge_pick: now, not between kill and relaunch
         seen, landed = None, False
         for attempt in range(1, ATTEMPTS + 1):
             ckpt, killed_dir = out / f"ckpt_b{attempt}", out / f"b_killed{attempt}"
@@ -160,6 +162,9 @@ def kill_mid_checkpoint(out: Path, mode: str, gpu: int = 0) -> tuple[bool, dict[
             metrics["reason"] = "see the metrics: a resume condition failed (logs under " + str(out) + ")"
         say(f"resumed from step {metrics['first_step_after_resume']}, max loss diff {metrics['max_abs_loss_diff']}"
             f": {'passed' if ok else 'FAILED'}")
+        if ok:  # ~1 GiB per checkpoint, 4 per run: a passed mode's go, a failed one's stay to be looked at
+            for d in out.glob("ckpt_*"):
+                shutil.rmtree(d)
         return ok, metrics, command(b_args)
     except Exception as e:  # noqa: BLE001 - any failure is the row's reason, never a crash without a row
         metrics["reason"] = f"{type(e).__name__}: {e}"
