@@ -186,5 +186,6 @@ def test_kill_tree_kills_the_whole_run() -> None:
         assert time.time() < deadline, "the test's process tree did not start"
         time.sleep(0.05)
     assert kill_tree(proc) == len(tree)
+    assert proc.returncode == -9  # the launcher's status says it was killed
     alive = [pid for pid in tree if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
     assert not alive

@@ -117,10 +117,14 @@ def kill_mid_checkpoint(out: Path, mode: str, gpu: int = 0) -> tuple[bool, dict[
             procs.append(run_b)
             say(f"attempt {attempt}: run B started, watching {ckpt}")
             seen = watch(run_b, ckpt, time.time() + TIMEOUT_S)
-            metrics["processes_killed"] = kill_tree(run_b)
-            metrics["attempts"] = attempt
+            ended = run_b.poll()  # None: still running (watched it to the deadline)
+            metrics |= {"attempts": attempt, "processes_killed": kill_tree(run_b), "rc_killed_run": ended}
             if seen is None:
-                say(f"attempt {attempt}: no checkpoint write seen in progress (run B rc {run_b.returncode})")
+                say(f"attempt {attempt}: no checkpoint write seen in progress (run B rc {ended})")
+                if ended != 0:  # it failed, or did not get through its checkpoints in time: a retry would too
+                    metrics["reason"] = (f"run B {'failed' if ended else 'timed out'} (rc {ended}) before a "
+                                         f"checkpoint write was seen: {killed_dir / 'train.log'}")
+                    return False, metrics, command(b_args)
                 continue
             metrics |= seen | partial_state(iter_dirs(ckpt)[seen["target_step"]])
             landed = tracker(ckpt) == seen["tracker_at_kill"] and not metrics["partial_has_train_state"]

@@ -96,6 +96,6 @@ def kill_tree(proc: subprocess.Popen) -> int:
     for p in tree.values():
         with contextlib.suppress(psutil.NoSuchProcess):
             p.send_signal(signal.SIGKILL)
-    psutil.wait_procs(list(tree.values()), timeout=30)
-    proc.wait()
+    psutil.wait_procs([p for p in tree.values() if p.pid != proc.pid], timeout=30)
+    proc.wait()  # Popen reaps its own child: psutil reaping it would leave returncode 0 instead of -9
     return len(tree)
