@@ -146,6 +146,8 @@ def kill_mid_checkpoint(out: Path, mode: str, gpu: int = 0) -> tuple[bool, dict[
         metrics["rc_resumed"] = run_r.wait(timeout=TIMEOUT_S)
         metrics["rc_uninterrupted"] = run_a.wait(timeout=TIMEOUT_S)
         la, lr = losses(out / "a"), losses(resumed_dir)
+        whole = iter_dirs(out / "ckpt_a").get(seen["target_step"])  # the same checkpoint, complete, in run A
+        metrics["complete_bytes"] = data_bytes(whole) if whole else None  # partial_bytes < it: killed mid-data
         common = sorted(set(la) & set(lr))
         metrics |= {
             "first_step_after_resume": min(lr, default=None),
