@@ -10,7 +10,9 @@ checkpoint N is the tracker's and the next one's iter dir holds data bytes but n
 then its whole process tree is SIGKILLed. Then the tracker must still name N, Bridge's loader must pick iter_N (its
 own `_load_base_checkpoint`, rank 0's read), and the relaunched command must resume from N (its first step is N)
 with A's losses (resume_check's tolerance) and samples. A missed window (the save finished before the kill landed,
-or the run ended first) is tried again with a fresh run, ATTEMPTS in all; the row says whether the kill landed.
+or run B trained to its end without a write seen) is tried again with a fresh run, ATTEMPTS in all; a run B that
+fails or times out ends the check with its rc. The row says whether the kill landed, and partial_bytes against
+complete_bytes (run A's same checkpoint) whether it landed during the data write or after it, before finalize.
 """
 
 from __future__ import annotations
@@ -36,8 +38,8 @@ ITERATIONS, SAVE_INTERVAL = 8, 2
 """Checkpoints at steps 2, 4, 6, 8: the first one complete, the kill lands in the write of the next."""
 ATTEMPTS = 2
 TIMEOUT_S = 180
-"""A run's limit (startup ~30-40 s, 8 tiny steps, 4 checkpoints of ~1 GiB: the 151936-token vocab's embedding and
-output layer with their Adam states)."""
+"""A run's limit (startup ~30-40 s, 8 tiny steps, 4 checkpoints of an estimated ~1 GiB each: the 151936-token vocab's
+embedding and output layer with their fp32 copies and Adam states)."""
 MODES: dict[str, tuple[str, list[str]]] = {
     "3d": ("3d", []),  # torch_dist, sync save
     "3d_async": ("3d", ["+bridge.checkpoint.async_save=true"]),  # torch_dist through the persistent async writer
@@ -168,7 +170,7 @@ def kill_mid_checkpoint(out: Path, mode: str, gpu: int = 0) -> tuple[bool, dict[
             metrics["reason"] = "see the metrics: a resume condition failed (logs under " + str(out) + ")"
         say(f"resumed from step {metrics['first_step_after_resume']}, max loss diff {metrics['max_abs_loss_diff']}"
             f": {'passed' if ok else 'FAILED'}")
-        if ok:  # ~1 GiB per checkpoint, 4 per run: a passed mode's go, a failed one's stay to be looked at
+        if ok:  # ~1 GiB (estimated) per checkpoint, 4 per run: a passed mode's go, a failed one's stay to be looked at
             for d in out.glob("ckpt_*"):
                 shutil.rmtree(d)
         return ok, metrics, command(b_args)
