@@ -1,4 +1,4 @@
-"""The GPU reliability checks (issue 25, items 4 and 5): each runs a real tiny `python train.py` on one GPU and
+"""The GPU reliability checks (issue 25, items 2, 4 and 5): each runs a real tiny `python train.py` on one GPU and
 returns (passed, metrics) from what the run wrote. benchmarks/reliability_check.py runs them all and appends a row
 per check to results/reliability.jsonl; tests/gpu/test_reliability.py asserts the same checks.
 
@@ -12,6 +12,9 @@ per check to results/reliability.jsonl; tests/gpu/test_reliability.py asserts th
   step as skipped.
 - oom: MBS 256 at seq 4096 (the logits alone need ~1 TB; preflight.ignore=[memory_fits]) must stop with a record
   naming the component (the logits are the decoder's) and the estimate's suggested overrides.
+- kill_ckpt_3d, kill_ckpt_3d_async, kill_ckpt_fsdp (item 2): SIGKILL while a checkpoint is being written (torch_dist
+  sync and async save, fsdp_dtensor sync); the previous checkpoint stays the one Bridge loads and the relaunch
+  resumes from it with the uninterrupted run's losses (vlmtrain.observe.bench.kill_checkpoint).
 """
 
 from __future__ import annotations
@@ -20,12 +23,14 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from vlmtrain.observe import failure, results
+from vlmtrain.observe.bench.kill_checkpoint import MODES, kill_mid_checkpoint
+from vlmtrain.observe.bench.resume import ROOT, command
 
-ROOT = Path(__file__).resolve().parents[4]
 TINY = ["model=tiny", "gpus_per_node=1", "dry_run=false", "train.global_batch_size=2", "train.micro_batch_size=1"]
 SECRETS = {"WANDB_API_KEY": "wandb-gpu-planted-7d6c5b4a", "HF_TOKEN": "hf_gpuPlantedToken3e2d1c",
            "HUGGING_FACE_HUB_TOKEN": "hfhub-gpu-planted-9f8e7d"}
@@ -42,10 +47,6 @@ def train(run_dir: Path, overrides: list[str], env: dict[str, str] | None = None
                           capture_output=True, text=True)
     (run_dir / "console.txt").write_text(proc.stdout + proc.stderr)
     return proc.returncode, proc.stdout + proc.stderr
-
-
-def command(overrides: list[str]) -> str:
-    return "python train.py " + " ".join(overrides)
 
 
 def secrets(out: Path) -> tuple[bool, dict[str, Any], str]:
@@ -103,4 +104,5 @@ def oom(out: Path) -> tuple[bool, dict[str, Any], str]:
 
 
 CHECKS: dict[str, Callable[[Path], tuple[bool, dict[str, Any], str]]] = {
-    "secrets": secrets, "nonfinite_stop": nonfinite_stop, "nonfinite_skip": nonfinite_skip, "oom": oom}
+    "secrets": secrets, "nonfinite_stop": nonfinite_stop, "nonfinite_skip": nonfinite_skip, "oom": oom,
+    **{f"kill_ckpt_{mode}": partial(kill_mid_checkpoint, mode=mode) for mode in MODES}}
