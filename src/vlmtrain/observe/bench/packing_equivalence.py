@@ -52,7 +52,7 @@ CONTROL_MARGIN = 10
 """A control must differ by at least this many times CE_MEAN_TOL_NATS, or the check could not have failed."""
 TRAIN_STEPS = 40
 """Packed training steps per round when the controls are too weak at random init."""
-TRAIN_BUDGET_S = 100
+TRAIN_BUDGET_S = 240
 """Wall time a case may spend training before it is measured as it stands (the row says how many steps)."""
 TRAIN_LR = 3e-4
 STATIC_CAPACITY = 12288
