@@ -1,7 +1,8 @@
 """The Slurm preemption check's CPU side (vlmtrain.observe.bench.slurm_preempt): the training it submits builds
 the Bridge config it relies on (checkpoints only on the exit signal), the disk check refuses a 30B-A3B checkpoint
 that cannot fit, and the verdict reads the files a real requeued run leaves (rank records written by
-launch/slurm.py itself) and fails on each way a resume can go wrong. The GPU run: tests/gpu/test_slurm_preempt.py."""
+launch/slurm.py itself) and fails on each way a resume can go wrong.
+The GPU run: tests/gpu/test_slurm_preempt_gpu.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Issue 25 item 1: a real training job through `python train.py -m hydra/launcher=slurm` on a real Slurm with the
 real GPU as gres (scripts/device/slurm_start.sh), preempted mid-run and resumed. benchmarks/slurm_preempt_check.py
-runs it and appends the row to results/reliability.jsonl; tests/gpu/test_slurm_preempt.py asserts the same.
+runs it and appends the row to results/reliability.jsonl; tests/gpu/test_slurm_preempt_gpu.py asserts the same.
 
 - reference: the same training uninterrupted, run directly (`python train.py`, no checkpoints): cheaper than a
   second Slurm job, and the losses do not depend on the launcher.

@@ -1,7 +1,7 @@
 """Issue 25 item 1 on a GPU node with the local Slurm up (scripts/device/slurm_start.sh): a real training job
 through hydra/launcher=slurm is preempted (USR2), saved by Bridge on the signal, requeued by submitit and resumed in
 the same run dir, with its losses within resume.TOLERANCE of an uninterrupted run (vlmtrain.observe.bench.
-slurm_preempt). `pytest -m "gpu and slurm" tests/gpu/test_slurm_preempt.py` runs the tiny model (~2 min);
+slurm_preempt). `pytest -m "gpu and slurm" tests/gpu/test_slurm_preempt_gpu.py` runs the tiny model (~2 min);
 VLMTRAIN_SLURM_CASE=30b the 30B-A3B shape (~8 min, ~52 GiB free disk under /tmp). The row in
 results/reliability.jsonl: benchmarks/slurm_preempt_check.py."""
 
