@@ -34,8 +34,10 @@ from vlmtrain.observe.bench.resume import (  # noqa: E402
     kill_tree,
     launch,
     losses,
+    max_loss_diff,
     overrides,
     samples,
+    tracker,
 )
 
 
@@ -55,22 +57,20 @@ def main() -> int:
     run_a = launch(overrides(a.parallelism, out / "ckpt_a", a.packed), out / "a", a.gpu)
     b_args = overrides(a.parallelism, out / "ckpt_b", a.packed)
     run_b = launch(b_args, out / "b_killed", a.gpu)
-    marker = out / "ckpt_b" / "latest_checkpointed_iteration.txt"
     deadline = time.time() + 400
     while time.time() < deadline and run_b.poll() is None:
-        if marker.exists() and max(losses(out / "b_killed"), default=-1) >= 5:
+        if tracker(out / "ckpt_b") is not None and max(losses(out / "b_killed"), default=-1) >= 5:
             break
         time.sleep(0.5)
     killed_at = max(losses(out / "b_killed"), default=-1)
     kill_tree(run_b)
-    resumed_from = int(marker.read_text().strip()) if marker.exists() else None
+    resumed_from = tracker(out / "ckpt_b")
     rc_b = launch(b_args, out / "b_resumed", a.gpu).wait()
     rc_a = run_a.wait()
     la, lk, lr = losses(out / "a"), losses(out / "b_killed"), losses(out / "b_resumed")
-    common = sorted(set(la) & set(lr))
-    diff = max((abs(la[s] - lr[s]) for s in common), default=float("inf"))
+    diff = max_loss_diff(la, lr)
     position = data_position(samples(out / "a"), samples(out / "b_killed"), samples(out / "b_resumed"), resumed_from)
-    ok = rc_a == 0 and rc_b == 0 and resumed_from is not None and common and min(lr) > 0 and diff <= TOLERANCE \
+    ok = rc_a == 0 and rc_b == 0 and resumed_from is not None and diff <= TOLERANCE and min(lr) > 0 \
         and not position["sample_steps_mismatched"] and position["same_samples_overall"]
     cmd = command(b_args)
     results.append(

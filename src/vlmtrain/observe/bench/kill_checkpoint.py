@@ -30,8 +30,10 @@ from vlmtrain.observe.bench.resume import (
     kill_tree,
     launch,
     losses,
+    max_loss_diff,
     overrides,
     samples,
+    tracker,
 )
 
 ITERATIONS, SAVE_INTERVAL = 8, 2
@@ -45,17 +47,8 @@ MODES: dict[str, tuple[str, list[str]]] = {
     "3d_async": ("3d", ["+bridge.checkpoint.async_save=true"]),  # torch_dist through the persistent async writer
     "fsdp": ("fsdp", []),  # fsdp_dtensor, sync save
 }
-TRACKER = "latest_checkpointed_iteration.txt"
 DONE = "train_state.pt"
 """Bridge writes iter_N/train_state.pt first in the step that makes N the latest (train_state_finalize_fn)."""
-
-
-def tracker(ckpt: Path) -> int | None:
-    """The iteration the tracker names (None before the first checkpoint, or while Bridge rewrites it)."""
-    try:
-        return int((ckpt / TRACKER).read_text().strip())
-    except (FileNotFoundError, ValueError):
-        return None
 
 
 def iter_dirs(ckpt: Path) -> dict[int, Path]:
@@ -150,10 +143,9 @@ def kill_mid_checkpoint(out: Path, mode: str, gpu: int = 0) -> tuple[bool, dict[
         la, lr = losses(out / "a"), losses(resumed_dir)
         whole = iter_dirs(out / "ckpt_a").get(seen["target_step"])  # the same checkpoint, complete, in run A
         metrics["complete_bytes"] = data_bytes(whole) if whole else None  # partial_bytes < it: killed mid-data
-        common = sorted(set(la) & set(lr))
         metrics |= {
             "first_step_after_resume": min(lr, default=None),
-            "max_abs_loss_diff": max((abs(la[s] - lr[s]) for s in common), default=None),
+            "max_abs_loss_diff": max_loss_diff(la, lr),
             "tolerance": TOLERANCE,
             "tracker_at_end": tracker(ckpt),
             "partial_dir_rewritten": (iter_dirs(ckpt)[seen["target_step"]] / DONE).exists(),
@@ -163,7 +155,7 @@ def kill_mid_checkpoint(out: Path, mode: str, gpu: int = 0) -> tuple[bool, dict[
         ok = (metrics["tracker_after_kill"] == n and metrics["bridge_loads"] == f"iter_{n:07d}"
               and metrics["bridge_common_iteration"] in (n, None) and metrics["rc_resumed"] == 0
               and metrics["rc_uninterrupted"] == 0 and metrics["first_step_after_resume"] == n
-              and metrics["max_abs_loss_diff"] is not None and metrics["max_abs_loss_diff"] <= TOLERANCE
+              and metrics["max_abs_loss_diff"] <= TOLERANCE
               and metrics["tracker_at_end"] == ITERATIONS and metrics["partial_dir_rewritten"]
               and not metrics["sample_steps_mismatched"] and bool(metrics["same_samples_overall"]))
         if not ok:

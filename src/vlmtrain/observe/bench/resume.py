@@ -67,6 +67,24 @@ def losses(run_dir: Path) -> dict[int, float]:
     return {r["step"]: r["lm_loss"] for r in results.read_jsonl(Path(run_dir) / "metrics.jsonl") if "lm_loss" in r}
 
 
+def max_loss_diff(ref: dict[int, float], got: dict[int, float], steps: list[int] | None = None) -> float:
+    """max |ref - got| over `steps` (default: every step of `got`) that both runs logged; inf when they share none,
+    so a run that logged nothing comparable never passes a tolerance."""
+    shared = [s for s in (got if steps is None else steps) if s in ref and s in got]
+    return max((abs(ref[s] - got[s]) for s in shared), default=float("inf"))
+
+
+def tracker(ckpt: Path) -> int | None:
+    """The iteration Bridge's tracker file in `ckpt` names (None before the first checkpoint, or while Bridge
+    rewrites it)."""
+    from megatron.bridge.training.utils.checkpoint_utils import get_checkpoint_tracker_filename
+
+    try:
+        return int(Path(get_checkpoint_tracker_filename(str(ckpt))).read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
 def samples(run_dir: Path) -> dict[tuple[int, int], list[list[int]]]:
     """{(step, dp rank): that step's micro-batches' sample indices} from samples.jsonl."""
     return {(r["step"], r["dp_rank"]): r["micro_batches"] for r in results.read_jsonl(run_dir / "samples.jsonl")}

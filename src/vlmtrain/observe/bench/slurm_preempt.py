@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from vlmtrain.observe import results
-from vlmtrain.observe.bench.resume import TOLERANCE, losses
+from vlmtrain.observe.bench.resume import TOLERANCE, losses, max_loss_diff, tracker
 
 ROOT = Path(__file__).resolve().parents[4]
 GIB = 1024**3
@@ -235,17 +235,13 @@ def evaluate(case: Case, reference: Path, slurm: dict[str, Any], ckpt: Path) -> 
     first = (rec.get("previous") or [{}])[0]
     job = slurm["job"]
     iters = sorted(int(p.name.split("_")[1]) for p in ckpt.glob("iter_*"))
-    marker = ckpt / "latest_checkpointed_iteration.txt"
-    saved = int(marker.read_text().strip()) if marker.exists() else None
+    saved = tracker(ckpt)
     logs = "".join(p.read_text(errors="replace") for p in sorted((sweep / ".submitit").glob("*/*_log.*")))
     loaded = re.findall(r"successfully loaded checkpoint from (\S+) .*?at iteration (\d+)", logs)
     rows = [r["step"] for r in results.read_jsonl(run_dir / "metrics.jsonl") if "lm_loss" in r]
     ref, got = losses(reference), losses(run_dir)
     cut = saved if saved is not None else len(rows) + 1  # no checkpoint: nothing counts as resumed
     after = sorted(s for s in got if s >= cut)
-
-    def diff(steps: list[int]) -> float:
-        return max((abs(ref[s] - got[s]) for s in steps if s in ref), default=float("inf"))
 
     m: dict[str, Any] = {
         "job_id": slurm["job_id"], "launcher_rc": slurm["rc"], "signal_sent": slurm["sent"],
@@ -258,8 +254,8 @@ def evaluate(case: Case, reference: Path, slurm: dict[str, Any], ckpt: Path) -> 
         "loaded": [{"dir": d, "iteration": int(i)} for d, i in loaded],
         "steps_logged": len(rows), "steps_logged_twice": sorted({s for s in rows if rows.count(s) > 1}),
         "first_step_after_resume": min(after, default=None),
-        "max_abs_loss_diff_before_signal": diff([s for s in got if s < cut]),
-        "max_abs_loss_diff_after_resume": diff(after), "tolerance": TOLERANCE,
+        "max_abs_loss_diff_before_signal": max_loss_diff(ref, got, [s for s in got if s < cut]),
+        "max_abs_loss_diff_after_resume": max_loss_diff(ref, got, after), "tolerance": TOLERANCE,
     }
     ok = (slurm["rc"] == 0 and m["signal_sent"] is not None and (m["signal_recorded"] or {}).get("name") == "SIGUSR2"
           and m["restart_count"] == "1" and m["same_job_id"] and m["slurm_state"] == "COMPLETED"
