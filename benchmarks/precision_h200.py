@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from vlmtrain.observe import results
+from vlmtrain.observe.bench import repeats
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "outputs" / "precision"
@@ -127,12 +128,10 @@ def speed(timed: list[dict], bf16: list[dict]) -> dict[str, object]:
     """Median and min-max of the speed runs, and the ratio to BF16's median on the same lease and samples."""
     if not timed:
         return {}
-    rates = [s["useful_tokens_per_s_per_gpu"] for s in timed]
-    steps = [s["step_s"] for s in timed]
     out: dict[str, object] = {
-        "speed_runs": len(timed), "useful_tokens_per_s_per_gpu": statistics.median(rates),
-        "useful_tokens_per_s_per_gpu_min": min(rates), "useful_tokens_per_s_per_gpu_max": max(rates),
-        "step_s": statistics.median(steps), "step_s_min": min(steps), "step_s_max": max(steps),
+        "speed_runs": len(timed),
+        **repeats.spread([s["useful_tokens_per_s_per_gpu"] for s in timed], "useful_tokens_per_s_per_gpu"),
+        **repeats.spread([s["step_s"] for s in timed], "step_s"),
         "mfu": statistics.median(s["mfu"] for s in timed),
         "mfu_precision_peak": statistics.median(s["mfu_precision_peak"] for s in timed)}
     if bf16 and {s["steady_nonpad_tokens"] for s in timed} == {s["steady_nonpad_tokens"] for s in bf16}:
