@@ -73,6 +73,23 @@ def bridge_step_stats(context: Any) -> tuple[int, tuple]:
     return dp.size() * cfg.train.micro_batch_size * get_num_microbatches(), stats
 
 
+def step_rates(run: RunConfig, counts: dict[str, Any], fl: flops.Flops, step_s: float, gpus: int) -> dict[str, Any]:
+    """One step's FLOPs, token rates and MFUs from its token counts (all ranks') and vlmtrain's FLOPs: the one
+    definition of these keys, for vlmtrain's rows and the Bridge-recipe peer's (observe.bench.bridge_recipe)."""
+    return dict(flops_vit=fl.vit, flops_projector=fl.projector, flops_decoder=fl.decoder, flops=fl.total,
+                useful_tokens_per_s_per_gpu=counts["nonpad_tokens"] / step_s / gpus,
+                padded_tokens_per_s_per_gpu=counts["padded_tokens"] / step_s / gpus,
+                tflops_per_s_per_gpu=fl.total / step_s / gpus / 1e12,
+                mfu=flops.mfu(fl.total, step_s, gpus, run.hardware.peak_bf16_tflops),
+                mfu_precision_peak=flops.mfu(fl.total, step_s, gpus, precision.peak_tflops(run)),
+                precision=precision.label(run))
+
+
+def loss_values(loss_dict: dict[str, Any] | None) -> dict[str, float]:
+    """Bridge's loss dict as row keys ("lm loss" -> lm_loss), tensors as floats."""
+    return {k.replace(" ", "_"): float(v.item() if hasattr(v, "item") else v) for k, v in (loss_dict or {}).items()}
+
+
 class MetricsCallback(Callback):
     """`counters` count the batches and `timer` times the components of each step (its data mark is the one the
     counters' data_wait enters); `resolved` (config.resolve, the run's run.json) gives the layout, resolved from
@@ -203,18 +220,9 @@ class MetricsCallback(Callback):
                                "data_kind": str(self.run.data.kind), "skipped_samples": self.skipped_samples,
                                "skipped_steps": self.skipped_steps}
         row.update({k: int(v) for k, v in zip(COUNTERS, vals[: len(COUNTERS)], strict=True)})
-        flops_vit, flops_proj, flops_dec = vals[len(COUNTERS):]
-        total = flops_vit + flops_proj + flops_dec
-        gpus = self.resolved.layout.world_size
-        row.update(flops_vit=flops_vit, flops_projector=flops_proj, flops_decoder=flops_dec, flops=total,
-                   useful_tokens_per_s_per_gpu=row["nonpad_tokens"] / step_s / gpus,
-                   padded_tokens_per_s_per_gpu=row["padded_tokens"] / step_s / gpus,
-                   tflops_per_s_per_gpu=total / step_s / gpus / 1e12,
-                   mfu=flops.mfu(total, step_s, gpus, self.run.hardware.peak_bf16_tflops),
-                   mfu_precision_peak=flops.mfu(total, step_s, gpus, precision.peak_tflops(self.run)),
-                   precision=precision.label(self.run))
-        for k, v in (context.loss_dict or {}).items():
-            row[k.replace(" ", "_")] = float(v.item() if hasattr(v, "item") else v)
+        fl = flops.Flops(*vals[len(COUNTERS):])
+        row.update(step_rates(self.run, row, fl, step_s, self.resolved.layout.world_size))
+        row.update(loss_values(context.loss_dict))
         if context.grad_norm is not None:
             row["grad_norm"] = float(context.grad_norm)
         return row

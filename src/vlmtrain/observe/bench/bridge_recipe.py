@@ -179,19 +179,15 @@ class PeerMetrics(Callback):
         import torch
 
         from vlmtrain.observe import flops
+        from vlmtrain.observe.metrics_callback import loss_values, step_rates
 
         torch.cuda.synchronize()
         step_s = time.perf_counter() - self.t0
         fl = flops.step_flops(self.run, self.counters.samples)
         row: dict[str, Any] = {"step": context.state.train_state.step, "step_s": step_s,
                                "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30, **self.counters.totals,
-                               "flops_vit": fl.vit, "flops_projector": fl.projector, "flops_decoder": fl.decoder,
-                               "flops": fl.total, "useful_tokens_per_s_per_gpu": self.counters.totals["nonpad_tokens"]
-                               / step_s, "padded_tokens_per_s_per_gpu": self.counters.totals["padded_tokens"] / step_s,
-                               "tflops_per_s_per_gpu": fl.total / step_s / 1e12,
-                               "mfu": flops.mfu(fl.total, step_s, 1, self.run.hardware.peak_bf16_tflops)}
-        for k, v in (context.loss_dict or {}).items():
-            row[k.replace(" ", "_")] = float(v.item() if hasattr(v, "item") else v)
+                               **step_rates(self.run, self.counters.totals, fl, step_s, 1),
+                               **loss_values(context.loss_dict)}
         self.counters.reset()
         results.append_jsonl(self.path, row)
 
