@@ -171,6 +171,18 @@ def test_a_failed_run_is_not_counted_nor_repeated(gpu: Gpu, tmp_path: Path) -> N
     assert results.read_jsonl(path)[-1]["metrics"]["runs"] == 3
 
 
+def test_runs_alternate_between_cases_and_resume_where_each_stopped(gpu: Gpu, tmp_path: Path) -> None:
+    path, names = tmp_path / "perf_h200.jsonl", [c.name for c in PERF.expand(["packing"], ["static"])]
+    assert len(names) == 2
+    assert sweep(path, tmp_path / "a", "--sweep", "packing", "--only", "static", "--repeats", "2") == 0
+    assert [(p.parent.name, p.name) for p in gpu.launched] == [
+        (names[0], "run0"), (names[1], "run0"), (names[0], "run1"), (names[1], "run1")]
+    assert sweep(path, tmp_path / "b", "--sweep", "packing", "--only", names[1], "--repeats", "3") == 0
+    assert sweep(path, tmp_path / "c", "--sweep", "packing", "--only", "static", "--repeats", "3") == 0
+    # names[1] already has 3 runs: only names[0]'s third run is left
+    assert [(p.parent.name, p.name) for p in gpu.launched[4:]] == [(names[1], "run2"), (names[0], "run2")]
+
+
 def test_tower_mfu_from_real_run_files() -> None:
     """mfu_<tower> = the tower's FLOPs over its timed seconds at the H200's peak (1 GPU), over the steady steps."""
     peak = compose(["hardware=h200"]).hardware.peak_bf16_tflops * 1e12

@@ -98,14 +98,16 @@ def run_case(spec: Spec, case: Case, args: argparse.Namespace, trial_dir: Path |
 
 
 def pending(cases: list[Case], args: argparse.Namespace, lease: str) -> list[tuple[Case, int]]:
-    """(case, run number) still to run on this lease: each case's runs up to --repeats, the recorded ones left out."""
+    """(case, run number) still to run on this lease: each case's runs up to --repeats, the recorded ones left out.
+    Runs alternate between cases (every case's run 1, then run 2, ...): drift on the lease touches each case alike,
+    and a budget cut leaves every case with about as many runs."""
     todo = []
     for case in cases:
         have = repeats.done(args.results, case.name, lease) if args.repeats > 1 else 0
         if args.repeats > 1 and have:
             print(f"[sweep] {case.name}: {have} of {args.repeats} runs already recorded on {lease}", flush=True)
         todo += [(case, i) for i in range(have, args.repeats)]
-    return todo
+    return sorted(todo, key=lambda t: t[1])
 
 
 def main(spec: Spec, args: argparse.Namespace) -> int:
