@@ -72,6 +72,32 @@ def test_too_long_sample_stops_the_data_stage(compose, tmp_path, tmp_path_factor
         prepare.prepare(run)
 
 
+def test_the_launcher_bins_cached_data_without_importing_megatron(compose, tmp_path, tmp_path_factory):
+    """With the lengths cached, the launcher's data stage (train.py before torchrun) reads them and bins the data in
+    a process that never imports Megatron, Bridge, transformers or torch: the ranks import them, the launcher
+    need not pay for it a second time on every run."""
+    import json
+    import subprocess
+    import sys
+
+    from vlmtrain.data import prepare
+
+    overrides = [*RUN, f"data.cache_dir={_cache(tmp_path_factory)}"]
+    want = prepare.prepare(compose(*overrides, output_dir=str(tmp_path / "here"))).bins  # fills the cache
+    code = (
+        "import json, sys\n"
+        "from vlmtrain.config.compose import compose\n"
+        "from vlmtrain.data import prepare\n"
+        f"b = prepare.prepare(compose({overrides!r}, output_dir={str(tmp_path / 'launcher')!r})).bins\n"
+        "heavy = [m for m in ('megatron', 'transformers', 'torch', 'transformer_engine') if m in sys.modules]\n"
+        "print(json.dumps({'path': b.path, 'bins': b.bins, 'heavy': heavy}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    got = json.loads(out.strip().splitlines()[-1])
+    assert got["heavy"] == []
+    assert (got["path"], got["bins"]) == (want.path, want.bins) and len(want.bins) > 1
+
+
 def test_lengths_are_what_the_collate_makes(compose, bridge, tmp_path, tmp_path_factory):
     """The data stage's length of every realistic sample equals the row Bridge's packed collate builds for it."""
     from megatron.bridge.models.qwen_vl.data.collate_fn import qwen2_5_collate_fn

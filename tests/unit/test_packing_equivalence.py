@@ -92,7 +92,7 @@ def data(compose: Callable[..., Any], bridge: Any, tmp_path_factory: pytest.Temp
 
 def _packed_data(data: Callable[..., Data], multiple: int, static: bool) -> Data:
     """The packed run at the layout whose pack_align is `multiple`; checks the multiple reaches its collate."""
-    from vlmtrain.data.bins import BinDataset, PackedBinsDatasetConfig
+    from vlmtrain.data.bins_dataset import BinDataset, PackedBinsDatasetConfig
 
     overrides = (f"data.packing={CAPACITY}", *PACKED[multiple], *(("data.packing_static=true",) if static else ()))
     d = data(*overrides)
@@ -122,7 +122,7 @@ def _pick(examples: list[dict[str, Any]], counts: tuple[int, ...]) -> list[int]:
 def _one_bin(d: Data, indices: list[int]) -> dict[str, Any]:
     """The micro-batch of a bin holding `indices`: the run's BinDataset with its own examples, processor and
     config fields, holding that one bin (the run's greedy bins follow data order, not a chosen mix)."""
-    from vlmtrain.data.bins import BinDataset
+    from vlmtrain.data.bins_dataset import BinDataset
 
     run, ds = d.dataset, d.cfg.dataset
     one = BinDataset(run.examples, [indices], 1, run.processor, ds.seq_length, ds.static, ds.pack_align)

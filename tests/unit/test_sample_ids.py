@@ -81,7 +81,7 @@ def test_the_collate_is_wrapped_once_or_not_at_all(built: Built) -> None:
     """Bridge's DirectSFTDataset collate gets the hook once; vlmtrain's BinDataset keeps its own collate."""
     from megatron.bridge.data.datasets.direct_sft import DirectSFTDataset
 
-    from vlmtrain.data.bins import BinDataset
+    from vlmtrain.data.bins_dataset import BinDataset
 
     collate = built.train.collate_fn
     if built.run.data.packing:

@@ -30,7 +30,7 @@ def field_value(cfg: Any, path: str) -> Any:
         obj = getattr(obj, part, None)
     if path == "model":
         return type(obj).__name__
-    if path == "dataset" and hasattr(obj, "bins_file"):  # vlmtrain.data.bins.PackedBinsDatasetConfig
+    if path == "dataset" and hasattr(obj, "bins_file"):  # vlmtrain.data.bins_dataset.PackedBinsDatasetConfig
         return f"{type(obj).__name__}(capacity={obj.seq_length}, static={obj.static}, pack_align={obj.pack_align})"
     if path == "dataset":
         return f"{type(obj).__name__}(pad_to_max_length={getattr(obj, 'pad_to_max_length', None)})"

@@ -63,7 +63,7 @@ class Prepared:
         """The data group's factory for a packed run: Bridge dataset configs bound to these bins."""
         import functools
 
-        from vlmtrain.data.bins import PackedBinsDatasetConfig
+        from vlmtrain.data.bins_dataset import PackedBinsDatasetConfig
 
         return functools.partial(PackedBinsDatasetConfig, bins_file=self.bins.path) if self.bins else None
 

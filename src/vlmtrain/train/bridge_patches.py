@@ -25,7 +25,7 @@ every checkpoint (checkpointing.save_checkpoint -> `cfg.to_yaml(<iter dir>/run_c
 the real value (Comet reads it); what those serialize is masked by vlmtrain.config.redact. Also always
 (`install_sample_ids`): Bridge's DirectSFTDataset collate also returns its examples' sample indices
 (vlmtrain.data.sample_ids), which the step counters take off the batch before Bridge's step sees it. A packed run's
-dataset (vlmtrain.data.bins.BinDataset) is not a DirectSFTDataset: its collate puts the ids there itself.
+dataset (vlmtrain.data.bins_dataset.BinDataset) is not a DirectSFTDataset: its collate puts the ids there itself.
 """
 
 from __future__ import annotations

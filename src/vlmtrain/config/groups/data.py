@@ -201,7 +201,7 @@ def apply(run: RunConfig, cfg: ConfigContainer, proc: str, hf_source: dict[str, 
           energon_kwargs: dict[str, Any], packed: Callable[..., Any] | None = None) -> None:
     """Bridge's dataset config on the processor `proc` and the source the data scan left (vlmtrain.data.prepare).
     `packed`: with a packing capacity, the data stage's dataset config bound to this run's bins
-    (vlmtrain.data.bins.PackedBinsDatasetConfig)."""
+    (vlmtrain.data.bins_dataset.PackedBinsDatasetConfig)."""
     d, seq = run.data, run.train.seq_length
     if capacity(run):
         if packed is None or hf_source is None:

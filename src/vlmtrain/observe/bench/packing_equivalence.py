@@ -8,10 +8,10 @@ own `setup()` build the model and optimizer, and then, in this one rank:
 
 - alone: each sample collated alone by Bridge's Qwen collate (padded) through Bridge's `qwen3_vl_step` forward,
   the step vlmtrain trains unpacked data with; packed: the samples of a micro-batch as one bin of vlmtrain's
-  packed dataset (vlmtrain.data.bins.BinDataset: Bridge's Qwen collate with `enable_in_batch_packing`), one THD row
-  through Bridge's `vlm_step`, the step vlmtrain trains packed data with; with each sample's segment aligned to
-  1 and to 64 tokens, and as a static row padded to STATIC_CAPACITY. The model computes MRoPE positions from the
-  packed params itself (Bridge's get_rope_index).
+  packed dataset (vlmtrain.data.bins_dataset.BinDataset: Bridge's Qwen collate with `enable_in_batch_packing`), one
+  THD row through Bridge's `vlm_step`, the step vlmtrain trains packed data with; with each sample's segment
+  aligned to 1 and to 64 tokens, and as a static row padded to STATIC_CAPACITY. The model computes MRoPE positions
+  from the packed params itself (Bridge's get_rope_index).
 - per-token cross entropy on the loss tokens, packed vs alone, and the cosine of the gradient of the summed loss
   (every parameter's main_grad), packed vs the sum of the alone ones;
 - controls, forward only, measured on the loss tokens of each row's samples after the first (the only tokens a
@@ -168,7 +168,7 @@ def datasets(dataset_cfg: Any) -> tuple[Any, dict[str, Any]]:
     packed: for each of PACKINGS, a BinDataset whose collate packs the samples it is given as one bin."""
     from megatron.bridge.data.builders.direct_hf_sft import build_direct_hf_sft_split, load_direct_hf_sft_processor
 
-    from vlmtrain.data.bins import BinDataset
+    from vlmtrain.data.bins_dataset import BinDataset
 
     processor = load_direct_hf_sft_processor(dataset_cfg, None)
     alone = build_direct_hf_sft_split(dataclasses.replace(dataset_cfg, enable_in_batch_packing=False),
