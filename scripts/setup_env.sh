@@ -18,8 +18,11 @@ export UV_PYTHON=${UV_PYTHON:-$(find_python312)}
 echo "[setup] python: $UV_PYTHON"
 locked() { awk -v n="$1" '$0 == "name = \"" n "\"" {getline; print $3}' uv.lock | tr -d '"'; }
 
+# Bytecode at install time (uv compiles what each step installs): with PYTHONDONTWRITEBYTECODE set, as on CI, every
+# process would otherwise recompile Megatron, Bridge and transformers from source when it imports them.
 # 1. Everything but the two packages that need care.
-uv sync --frozen --no-install-package transformer-engine-torch --no-install-package nvidia-resiliency-ext
+uv sync --frozen --compile-bytecode \
+  --no-install-package transformer-engine-torch --no-install-package nvidia-resiliency-ext
 
 # 2. TE's torch extension: compiled against the venv's torch and CUDA headers (nvcc needed, no GPU needed).
 te=$(locked transformer-engine-torch); torch_v=$(locked torch)
@@ -33,11 +36,11 @@ if ! ls "$wheels"/transformer_engine_torch-"$te"-*.whl >/dev/null 2>&1; then
   CPATH=$sp/nvidia/nccl/include:$sp/nvidia/cudnn/include:$sp/nvidia/cu13/include:$cuda/include${CPATH:+:$CPATH} \
     .venv/bin/python -m pip wheel -q --no-deps --no-build-isolation -w "$wheels" "transformer-engine-torch==$te"
 fi
-uv pip install -q --python .venv/bin/python --no-deps "$wheels"/transformer_engine_torch-"$te"-*.whl
+uv pip install -q --python .venv/bin/python --compile-bytecode --no-deps "$wheels"/transformer_engine_torch-"$te"-*.whl
 
 # 3. nvidia-resiliency-ext ships manylinux_2_39 wheels only; its Python parts run on older glibc too
 #    (the one compiled module, CUPTI tracing, is optional), so install the locked wheel for 2_39 explicitly.
-uv pip install -q --python .venv/bin/python --no-deps --python-platform x86_64-manylinux_2_39 \
+uv pip install -q --python .venv/bin/python --compile-bytecode --no-deps --python-platform x86_64-manylinux_2_39 \
   "nvidia-resiliency-ext==$(locked nvidia-resiliency-ext)"
 
 .venv/bin/python -c 'import torch, transformer_engine.pytorch, megatron.bridge, megatron.core; print("[setup] ok: torch", torch.__version__, "| megatron-bridge", megatron.bridge.__version__)' 2>&1 | tail -1
