@@ -18,7 +18,7 @@ from vlmtrain.config.compose import compose
 from vlmtrain.observe import results
 from vlmtrain.observe.bench import cases as run_cases
 from vlmtrain.observe.bench import ceiling, repeats
-from vlmtrain.tune import bench, spec, trials
+from vlmtrain.tune import bench, bench_report, spec, trials
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNS = sorted((ROOT / "tests" / "fixtures" / "precision_h200").iterdir())
@@ -156,6 +156,8 @@ def test_repeats_summary_and_resume(gpu: Gpu, tmp_path: Path) -> None:
     u = repeats.USEFUL
     assert f"| {h1.name} | {lease} | 4 | {four[u]:.0f} ({four[u + '_min']:.0f}-{four[u + '_max']:.0f}) |" in md
     assert f"| {h1.name} | {lease} | 3 |" not in md  # the 4-run summary replaced the 3-run one
+    (single,) = [line for line in md.splitlines() if line.startswith(f"| {h1.name} | ") and lease not in line]
+    assert single.endswith(f"| {bench_report.REPEATED_NOTE} |")  # a lone run's figures say they are one run
 
 
 def test_a_failed_run_is_not_counted_nor_repeated(gpu: Gpu, tmp_path: Path) -> None:

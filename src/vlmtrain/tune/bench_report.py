@@ -12,6 +12,8 @@ from vlmtrain.observe.bench import ceiling
 from vlmtrain.observe.bench import repeats as reps
 from vlmtrain.tune.spec import Spec
 
+REPEATED_NOTE = "the latest of repeated runs: their median is below"
+
 
 def latest_rows(results_path: Path) -> dict[str, dict[str, Any]]:
     """The results file's rows by case name (vlmtrain.observe.results.latest)."""
@@ -45,7 +47,8 @@ def _cases(latest: dict[str, dict[str, Any]], ok: dict[str, dict[str, Any]]) -> 
             if ("_frozen_" in n) != frozen:
                 continue
             note = ("exit 1 after training (see row)" if latest[n].get("rc") else
-                    "rates are medians of per-step rates (run files lost)" if "rates" in latest[n] else "")
+                    "rates are medians of per-step rates (run files lost)" if "rates" in latest[n] else
+                    REPEATED_NOTE if "run" in latest[n] else "")
             split = f"{m['time_vision_s']:.2f} / {m['time_decoder_s']:.2f}" if "time_vision_s" in m else "-"
             lines.append(f"| {n} | {m['step_s']:.2f} | {m['useful_tokens_per_s_per_gpu']:.0f} | {m['mfu']:.1%} | "
                          f"{m['peak_mem_gib']:.0f} | {m['nonpad_fraction']:.1%} | {split} | {note} |")
