@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 
 from omegaconf import DictConfig
 
@@ -15,7 +16,7 @@ from vlmtrain.config.resolve import resolve
 from vlmtrain.data import prepare
 from vlmtrain.data.scan import BadSample
 from vlmtrain.launch import local, slurm
-from vlmtrain.observe import wandb_run
+from vlmtrain.observe import failure, wandb_run
 
 
 class RunFailed(RuntimeError):
@@ -67,4 +68,5 @@ def main(cfg: DictConfig) -> int:
     except BadSample as e:
         print(f"[vlmtrain] {e}", file=sys.stderr)
         return 2
-    return local.launch(run, resolved)
+    started = time.time()
+    return failure.exit_status(local.launch(run, resolved), run.output_dir, since=started)

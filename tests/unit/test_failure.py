@@ -118,3 +118,20 @@ def test_other_errors_are_left_to_the_caller(tmp_path: Path) -> None:
     run = compose([], output_dir=str(tmp_path))
     assert worker.stop_with_record(run, ValueError("a bug"), callback_at(run, 1, "other")) is None
     assert failure.read(tmp_path) == []
+
+
+def test_train_py_exits_with_the_status_of_a_record_written_by_this_launch(tmp_path: Path, capsys: Any) -> None:
+    """torchrun exits 1 for any failed rank (seen on an H200: the NaN run's train.py exited 1); the record of this
+    launch gives the status, a record left by an earlier attempt in the same run dir does not."""
+    import os
+    import time
+
+    run = compose([], output_dir=str(tmp_path))
+    stop(run, failure.NonFiniteStep("lm_loss=nan"), callback_at(run, 2, "decoder"), capsys)
+    since = time.time()
+    assert failure.exit_status(1, tmp_path, since=since - 60) == 4
+    assert failure.exit_status(0, tmp_path, since=since - 60) == 0
+    (record,) = tmp_path.glob(failure.RECORD_GLOB)
+    os.utime(record, (since - 3600, since - 3600))  # an earlier attempt's record: this launch's crash is its own
+    assert failure.exit_status(1, tmp_path, since=since) == 1
+    assert failure.read(tmp_path, since=since) == [] and len(failure.read(tmp_path)) == 1

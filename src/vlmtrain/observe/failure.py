@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 RECORD_GLOB = "failure-rank*.json"
 EXIT = {"nonfinite": 4, "oom": 5}
-"""The process exit status of each kind (the launcher passes it on)."""
+"""The rank's exit status of each kind; train.py exits with it too (exit_status)."""
 MEGATRON_NONFINITE = re.compile(r"Unexpected result (?:tensor\()?[-+]?(?:nan|inf)|Detected NaN or Inf in wgrad",
                                 re.IGNORECASE)
 CPU_OOM = "DefaultCPUAllocator: can't allocate memory"
@@ -103,12 +103,23 @@ def message(rec: dict[str, Any]) -> str:
             f"({rec['error'][:300]}). Memory estimate: {rec['advice']} Record: {rec['path']}.")
 
 
-def read(run_dir: str | Path) -> list[dict[str, Any]]:
-    """Every failure record a run wrote, by rank."""
+def read(run_dir: str | Path, since: float = 0.0) -> list[dict[str, Any]]:
+    """Every failure record a run wrote, by rank (`since`: only those written at or after that time.time())."""
     out = []
     for path in sorted(Path(run_dir).glob(RECORD_GLOB)):
         try:
+            if path.stat().st_mtime < since:
+                continue
             out.append(json.loads(path.read_text()))
         except ValueError:
             continue
     return out
+
+
+def exit_status(rc: int, run_dir: str | Path, since: float) -> int:
+    """train.py's status after a local launch: torchrun exits 1 for any failed rank, so a rank that stopped with a
+    record written since the launch began gives its kind's status (4 non-finite, 5 OOM), and scripts can tell why."""
+    if rc == 0:
+        return rc
+    recs = read(run_dir, since=since)
+    return EXIT[recs[0]["kind"]] if recs else rc

@@ -125,6 +125,7 @@ def append(results: Path, name: str, command: str, metrics: dict[str, Any], **ex
         "command": command,
         "date": dt.date.today().isoformat(),
         "machine": machine(),
+        "lease": lease(),  # ratios and medians compare only runs of one lease
         "metrics": metrics,
         **extra,
     }

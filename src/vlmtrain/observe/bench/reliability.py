@@ -7,11 +7,11 @@ per check to results/reliability.jsonl; tests/gpu/test_reliability.py asserts th
   iter_*/run_config.yaml included) and the run's output are searched for each secret.
 - nonfinite_stop: `+bridge.model.init_method_std=1e20` makes the first forward overflow BF16, so the loss is NaN at
   step 0 (a way to a real NaN, not yet seen on a GPU: if the loss stays finite the check fails saying so); the
-  run must stop with exit status != 0 and a record naming step 0, its sample ids and "none" (no checkpoint yet).
+  run must stop with exit status 4 and a record naming step 0, its sample ids and "none" (no checkpoint yet).
 - nonfinite_skip: the same with train.on_nonfinite=skip: the run ends normally and metrics.jsonl counts every
   step as skipped.
-- oom: MBS 256 at seq 4096 (the logits alone need ~1 TB; preflight.ignore=[memory_fits]) must stop with a record
-  naming the component (the logits are the decoder's) and the estimate's suggested overrides.
+- oom: MBS 256 at seq 4096 (the logits alone need ~1 TB; preflight.ignore=[memory_fits]) must stop (status 5) with a
+  record naming the component (the logits are the decoder's) and the estimate's suggested overrides.
 - kill_ckpt_3d, kill_ckpt_3d_async, kill_ckpt_fsdp (item 2): SIGKILL while a checkpoint is being written (torch_dist
   sync and async save, fsdp_dtensor sync); the previous checkpoint stays the one Bridge loads and the relaunch
   resumes from it with the uninterrupted run's losses (vlmtrain.observe.bench.kill_checkpoint).
@@ -73,7 +73,7 @@ def nonfinite_stop(out: Path) -> tuple[bool, dict[str, Any], str]:
     metrics = {"rc": rc, "records": len(recs), "kind": rec.get("kind"), "step": rec.get("step"),
                "sample_ids": rec.get("micro_batches"), "last_checkpoint": rec.get("last_checkpoint"),
                "paragraph_in_log": "STOPPED: non-finite" in output, "error": rec.get("error", output[-500:])}
-    ok = (rc != 0 and rec.get("kind") == "nonfinite" and rec.get("step") == 0 and bool(ids)
+    ok = (rc == failure.EXIT["nonfinite"] and rec.get("kind") == "nonfinite" and rec.get("step") == 0 and bool(ids)
           and all(isinstance(i, int) for i in ids) and rec.get("last_checkpoint") == "none"
           and metrics["paragraph_in_log"])
     return ok, metrics, command(overrides)
@@ -98,8 +98,8 @@ def oom(out: Path) -> tuple[bool, dict[str, Any], str]:
     metrics = {"rc": rc, "records": len(recs), "kind": rec.get("kind"), "component": rec.get("component"),
                "step": rec.get("step"), "advice": rec.get("advice"),
                "paragraph_in_log": "STOPPED: out of memory" in output}
-    ok = rc != 0 and rec.get("kind") == "oom" and rec.get("component") in ("decoder", "vision", "projector",
-                                                                            "optimizer", "other", "data")
+    components = ("decoder", "vision", "projector", "optimizer", "other", "data")
+    ok = rc == failure.EXIT["oom"] and rec.get("kind") == "oom" and rec.get("component") in components
     return ok and "train.micro_batch_size" in (rec.get("advice") or ""), metrics, command(overrides)
 
 
