@@ -15,14 +15,26 @@ for first in ./*.whl.part00; do
 done
 # --no-deps: prepare.sh already chose exactly the lock's versions of what the image lacks.
 python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" ./*.whl 2>&1 | grep -v "WARNING: Target" || true
-# TE's torch extension is an sdist: build it against the image's torch, CUDA 13 and the nvidia wheels' headers (H200: sm_90).
-SP=$(python3 -c "import site; print(site.getsitepackages()[0])")
+# TE's torch extension: the wheel scripts/setup_env.sh built on the CPU machine against the same torch (cu130, sm_90)
+# when prepare.sh found one and it imports here; else its sdist, built against the image's torch, CUDA 13 and the
+# nvidia wheels' headers (H200: sm_90). --target would replace SITE's transformer_engine package,
+# so the extension is merged in by hand.
 export PYTHONPATH=$SITE
-CUDA_HOME=/usr/local/cuda CPATH=$SP/nvidia/nccl/include:$SP/nvidia/cudnn/include:$SP/nvidia/cu13/include:/usr/local/cuda/include \
-  MAX_JOBS=$(nproc) NVTE_FRAMEWORK=pytorch NVTE_CUDA_ARCHS=90 \
-  python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/te-torch ./transformer_engine_torch-*.tar.gz
-# --target would replace SITE's transformer_engine package, so merge the extension in by hand.
-cp -r /tmp/te-torch/transformer_engine/* "$SITE/transformer_engine/" && cp -r /tmp/te-torch/*.dist-info "$SITE/"
+merge_te_torch() { cp -r /tmp/te-torch/transformer_engine/* "$SITE/transformer_engine/" && cp -r /tmp/te-torch/*.dist-info "$SITE/"; }
+prebuilt=$(ls ./transformer_engine_torch-*.whl.prebuilt 2>/dev/null | head -1 || true)
+if [ -n "$prebuilt" ] && cp "$prebuilt" "/tmp/${prebuilt%.prebuilt}" &&
+   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/te-torch "/tmp/${prebuilt%.prebuilt}" &&
+   merge_te_torch && python3 -c "import transformer_engine.pytorch" >/dev/null 2>&1; then
+  echo "TE torch extension: the prebuilt wheel"
+else
+  [ -n "$prebuilt" ] && echo "TE torch extension: the prebuilt wheel did not import here; building the sdist"
+  rm -rf /tmp/te-torch
+  SP=$(python3 -c "import site; print(site.getsitepackages()[0])")
+  CUDA_HOME=/usr/local/cuda CPATH=$SP/nvidia/nccl/include:$SP/nvidia/cudnn/include:$SP/nvidia/cu13/include:/usr/local/cuda/include \
+    MAX_JOBS=$(nproc) NVTE_FRAMEWORK=pytorch NVTE_CUDA_ARCHS=90 \
+    python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/te-torch ./transformer_engine_torch-*.tar.gz
+  merge_te_torch
+fi
 # Bytecode once, in parallel: without it every training process recompiled Megatron, Bridge and transformers (the
 # compile-time SyntaxWarnings in every train.log); compileall writes even where PYTHONDONTWRITEBYTECODE is set.
 python3 -m compileall -q -j "$(nproc)" "$SITE" >/dev/null 2>&1 || true

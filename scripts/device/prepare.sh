@@ -99,8 +99,16 @@ grep '^skip' "$OUT/plan.txt" || true
 if grep '^need' "$OUT/plan.txt"; then echo "the pins above have no wheel: add them to BUILD_HERE or NO_WHEEL"; exit 1; fi
 rm -rf "$OUT"/te[0-9]* "$OUT"/deps[0-9]*
 n=1; size=0; mkdir -p "$OUT/deps1"
+# The torch extension scripts/setup_env.sh built here (same torch, CUDA 13, sm_90) goes too, renamed so that the
+# install step's `*.whl` leaves it alone: install.sh tries it first and builds the sdist only if it does not import.
+TORCH_V=$(sed -n 's/^torch==\([^ ;]*\).*/\1/p' "$OUT/lock.txt")
+built=$(find "${VLMTRAIN_WHEEL_CACHE:-$HOME/.cache/vlmtrain/wheels}/torch-$TORCH_V" -maxdepth 1 \
+  -name "transformer_engine_torch-$TE-*.whl" 2>/dev/null | head -1 || true)
+rm -f "$DL"/*.whl.prebuilt
+[ -n "$built" ] && cp "$built" "$DL/$(basename "$built").prebuilt"
 mapfile -t files < <( (sed -n 's/^file //p' "$OUT/plan.txt"; tefile "transformer_engine-$TE-py3-none-any.whl"
-  tefile "transformer_engine_torch-$TE.tar.gz") | awk -F/ '{print $NF "\t" $0}' | sort | cut -f2)
+  tefile "transformer_engine_torch-$TE.tar.gz"; tefile "transformer_engine_torch-$TE-*.whl.prebuilt") |
+  awk -F/ '{print $NF "\t" $0}' | sort | cut -f2)
 for f in "${files[@]}"; do
   s=$(stat -c %s "$f")
   if [ $((size + s)) -gt $MAX ]; then n=$((n + 1)); size=0; mkdir -p "$OUT/deps$n"; fi
