@@ -16,7 +16,7 @@ from vlmtrain.config.resolve import resolve
 from vlmtrain.data import prepare
 from vlmtrain.data.scan import BadSample
 from vlmtrain.launch import local, slurm
-from vlmtrain.observe import failure, wandb_run
+from vlmtrain.observe import failure, startup, wandb_run
 
 
 class RunFailed(RuntimeError):
@@ -46,6 +46,7 @@ def main(cfg: DictConfig) -> int:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
+    startup.mark_launch()
     hc = HydraConfig.get()
     run = to_run(cfg, hc, hc.runtime.output_dir)
     if hc.mode == RunMode.MULTIRUN and run.wandb.group is None:

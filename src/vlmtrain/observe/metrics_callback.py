@@ -24,7 +24,7 @@ from megatron.bridge.training.callbacks import Callback
 
 from vlmtrain.config.groups import precision
 from vlmtrain.config.resolve import Resolved, resolve
-from vlmtrain.observe import flops, timing, wandb_run
+from vlmtrain.observe import flops, startup, timing, wandb_run
 from vlmtrain.observe.results import append_jsonl
 from vlmtrain.train.step_counters import COUNTERS
 
@@ -106,6 +106,7 @@ class MetricsCallback(Callback):
         self.wandb_run: Any = None
         self.state: Any = None  # Bridge's GlobalState, from on_train_start: the step a failure record names
         self.skipped_steps = 0
+        self.train_start: float | None = None
 
     def _is_writer(self) -> bool:
         import torch.distributed as dist
@@ -117,6 +118,7 @@ class MetricsCallback(Callback):
         from vlmtrain.train import after_build
 
         self.state = context.state
+        self.train_start = time.time()
         self.skipped_samples = prepare.skipped_samples(self.run)  # bad samples the build's data scan dropped
         self.report = after_build.after_model_build(self.run, context)
         self.frozen_before = after_build.frozen_checksums(context.model)
@@ -182,6 +184,9 @@ class MetricsCallback(Callback):
             return
         row = self._row(context, vec.tolist(), peak_gib, step_s)
         row["vlmtrain_host_s"] = host_s
+        if self.train_start is not None:  # the first row: what came before the first step ended
+            row.update(startup.first_row(self.train_start, time.time()))
+            self.train_start = None
         self._stop_if_nonfinite(row)
         row.update(timing.row(dict(zip(TIMED, timed, strict=True)), step_s), data_host_s=timed[-1])
         row.update(megatron_numbers(context.state.cfg, batch_size, stats, step_s, dist.get_world_size()))

@@ -6,7 +6,8 @@ TFLOP/s, MFU) are over the whole steady window: total work / total time, i.e. pe
 time. A median of per-step rates would overstate them whenever steps carry unequal work (packed real images:
 steps with more tokens run at higher rates; up to ~10 % in results/perf_h200x2.jsonl). Step time and the other
 keys are medians. Per tower (vit, projector, decoder), `mfu_<tower>` is the tower's FLOPs over its own timed span
-(observe.timing's per-component seconds) against the same peak as `mfu`.
+(observe.timing's per-component seconds) against the same peak as `mfu`. The first row's startup spans
+(observe.startup) are copied as they are.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import statistics
 import subprocess
 from pathlib import Path
 from typing import Any
+
+from vlmtrain.observe.startup import KEYS as STARTUP_KEYS
 
 SKIP = 3
 """Warm-up steps left out of every summary."""
@@ -71,6 +74,7 @@ def summarize_rows(rows: list[dict[str, Any]], skip: int = SKIP,
     padded = sum(r.get("padded_tokens", 0) for r in after)
     if padded:
         out["nonpad_fraction"] = sum(r.get("nonpad_tokens", 0) for r in after) / padded
+    out.update({k: rows[0][k] for k in STARTUP_KEYS if isinstance(rows[0].get(k), int | float)})
     losses = [r["lm_loss"] for r in rows if isinstance(r.get("lm_loss"), int | float)]
     if losses:
         out.update(first_loss=losses[0], last_loss=losses[-1])
