@@ -1,7 +1,7 @@
 """Where a run's time goes before its first step ends, in its first metrics row: the launcher (from flow.main:
 preflight, the data scan, torchrun starting the rank), the rank's setup (its imports and Bridge's setup: model,
 optimizer, data loaders) and the first step (first batches, compilation, autotuning). Short benchmark runs and tuning
-trials spend most of their wall time there, and the step rows alone do not show it."""
+trials spend much of their wall time outside their timed steps, and the step rows alone do not say where."""
 
 from __future__ import annotations
 
