@@ -69,6 +69,7 @@ def test_nonfinite_loss_stops_with_step_samples_and_last_checkpoint(tmp_path: Pa
     assert rec["kind"] == "nonfinite" and rec["step"] == 6 and rec["micro_batches"] == MICRO_BATCHES
     assert rec["last_checkpoint"] == str(tmp_path / "ckpt" / "iter_0000004")
     assert "STOPPED: non-finite" in err and "[[3, 5], [1, 0]]" in err and "iter_0000004" in err
+    assert "at step 6 (Bridge's log: iteration 7) on rank 0" in err
     assert json.loads((tmp_path / "metrics.jsonl").read_text())["step"] == 6  # the bad row is kept
     status, reason = job_from_dir(tmp_path).status, job_from_dir(tmp_path).reason
     assert status == "nonfinite" and "samples [[3, 5], [1, 0]]" in reason and "iter_0000004" in reason

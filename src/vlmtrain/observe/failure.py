@@ -91,7 +91,10 @@ def record(run: RunConfig, error: BaseException, *, rank: int, step: int | None,
 
 def message(rec: dict[str, Any]) -> str:
     """One paragraph for the log."""
-    where = f"step {rec['step']} on rank {rec['rank']}"
+    step = rec["step"]
+    # metrics.jsonl counts steps from 0; Bridge's log lines ("iteration N/M") from 1
+    where = f"step {step}" + (f" (Bridge's log: iteration {step + 1})" if isinstance(step, int) else "")
+    where += f" on rank {rec['rank']}"
     if rec["kind"] == "nonfinite":
         ids = rec["micro_batches"]
         return (f"[vlmtrain] STOPPED: non-finite loss or gradient at {where} ({rec['error'][:300]}). This rank's "
