@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-import time
 
 from omegaconf import DictConfig
 
@@ -46,7 +45,7 @@ def main(cfg: DictConfig) -> int:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    startup.mark_launch()
+    launched = startup.mark_launch()
     hc = HydraConfig.get()
     run = to_run(cfg, hc, hc.runtime.output_dir)
     if hc.mode == RunMode.MULTIRUN and run.wandb.group is None:
@@ -69,5 +68,4 @@ def main(cfg: DictConfig) -> int:
     except BadSample as e:
         print(f"[vlmtrain] {e}", file=sys.stderr)
         return 2
-    started = time.time()
-    return failure.exit_status(local.launch(run, resolved), run.output_dir, since=started)
+    return failure.exit_status(local.launch(run, resolved), run.output_dir, since=launched)

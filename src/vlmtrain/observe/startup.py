@@ -16,9 +16,11 @@ LAUNCH_ENV = "VLMTRAIN_LAUNCH_UNIX"
 KEYS = ("startup_launcher_s", "startup_rank_setup_s", "startup_first_step_s")
 
 
-def mark_launch() -> None:
-    """Called by flow.main before it launches: the ranks read it back in first_row."""
-    os.environ[LAUNCH_ENV] = repr(time.time())
+def mark_launch() -> float:
+    """Called by flow.main as it begins: the ranks read the time back in first_row; flow.main keeps it too."""
+    now = time.time()
+    os.environ[LAUNCH_ENV] = repr(now)
+    return now
 
 
 def first_row(train_start: float, now: float, env: Mapping[str, str] = os.environ) -> dict[str, float]:

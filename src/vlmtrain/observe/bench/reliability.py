@@ -27,7 +27,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from vlmtrain.observe import failure, results
+from vlmtrain.observe import failure, results, timing
 from vlmtrain.observe.bench.kill_checkpoint import MODES, kill_mid_checkpoint
 from vlmtrain.observe.bench.resume import ROOT, command
 
@@ -98,7 +98,7 @@ def oom(out: Path) -> tuple[bool, dict[str, Any], str]:
     metrics = {"rc": rc, "records": len(recs), "kind": rec.get("kind"), "component": rec.get("component"),
                "step": rec.get("step"), "advice": rec.get("advice"),
                "paragraph_in_log": "STOPPED: out of memory" in output}
-    components = ("decoder", "vision", "projector", "optimizer", "other", "data")
+    components = (*timing.COMPONENTS, timing.OTHER)
     ok = rc == failure.EXIT["oom"] and rec.get("kind") == "oom" and rec.get("component") in components
     return ok and "train.micro_batch_size" in (rec.get("advice") or ""), metrics, command(overrides)
 
