@@ -1,8 +1,8 @@
-"""Where one steady training step's GPU time goes in a perf_h200x2 case: the case with `train.profile_step`
-(Bridge's PyTorch profiler on that step, rank 0, call stacks), summarized by vlmtrain.report.profile, one row in
-results/profile_h200x2.jsonl.
+"""Where one steady training step's GPU time goes in a case of a sweep spec (conf/tune/): the case with
+`train.profile_step` (Bridge's PyTorch profiler on that step, rank 0, call stacks), summarized by
+vlmtrain.report.profile, one row in results/profile_<spec without perf_>.jsonl (perf_h200x2 -> profile_h200x2).
 
-    python benchmarks/profile_step.py [--case NAME] [--step 5] [--extra OVERRIDE ...]
+    python benchmarks/profile_step.py [--spec perf_h200x2] [--case NAME] [--step 5] [--extra OVERRIDE ...]
     vlmtrain profile <run dir or trace>      # the summary alone, of any run started with train.profile_step=N
 """
 
@@ -21,8 +21,6 @@ from vlmtrain.observe.bench.cases import ROOT, Case  # noqa: E402
 from vlmtrain.report import profile  # noqa: E402
 from vlmtrain.tune import bench, spec  # noqa: E402
 
-PERF = spec.load("perf_h200x2")
-
 
 def profile_case(case: Case, step: int) -> Case:
     """The case plus `train.profile_step` (two more iterations, so the profiled one is not the last)."""
@@ -33,15 +31,21 @@ def profile_case(case: Case, step: int) -> Case:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--case", default=PERF.case(PERF.get("best")).name, help="a perf_h200x2 case name (any sweep)")
+    ap.add_argument("--spec", default="perf_h200x2", help="the sweep spec the case comes from (conf/tune/<spec>.yaml)")
+    ap.add_argument("--case", default=None, help="a case name of the spec (any sweep); default: its `best` entry, "
+                    "else its first case")
     ap.add_argument("--step", type=int, default=5, help="the profiled iteration (after warm-up)")
     ap.add_argument("--extra", nargs="*", default=[], help="overrides added to the case (e.g. what a fix changes)")
-    ap.add_argument("--results", type=Path, default=ROOT / "results" / "profile_h200x2.jsonl")
+    ap.add_argument("--results", type=Path, default=None, help="default results/profile_<spec without perf_>.jsonl")
     ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "profile")
     args = ap.parse_args(argv)
-    cases = {c.name: bench.as_run_case(PERF, c, int(PERF.get("iterations"))) for c in PERF.expand(["all"])}
+    perf = spec.load(args.spec)
+    expanded = perf.expand(["all"])
+    cases = {c.name: bench.as_run_case(perf, c, int(perf.get("iterations"))) for c in expanded}
+    args.case = args.case or (perf.case(perf.get("best")) if perf.get("best") else expanded[0]).name
+    args.results = args.results or ROOT / "results" / f"profile_{args.spec.removeprefix('perf_')}.jsonl"
     if args.case not in cases:
-        raise SystemExit(f"unknown case {args.case!r}; see python benchmarks/perf_h200x2.py --sweep all --list")
+        raise SystemExit(f"unknown case {args.case!r}; see vlmtrain sweep {args.spec} --sweep all --list")
     base = cases[args.case]
     case = profile_case(Case(base.name, base.gpus, [*base.overrides, *args.extra]), args.step)
     t0 = time.time()
