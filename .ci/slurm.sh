@@ -46,6 +46,11 @@ diagnose() {
   for c in "sinfo -N -l" "squeue -a" "scontrol show node" "scontrol show job"; do
     echo "---- $c" >&2; timeout 10 $c >&2 2>&1 || true
   done
+  # a node daemon that never registered says why in the foreground (its errors before it logs to the file)
+  if ! pgrep -x slurmd >/dev/null && ! pgrep -f "sbin/slurmd " >/dev/null; then
+    echo "---- slurmd -D -vvv (10 s, foreground)" >&2
+    timeout 10 "${SBIN:-/usr/sbin}/slurmd" -D -vvv -N localhost >&2 2>&1 || true
+  fi
   exit 1
 }
 
@@ -176,7 +181,8 @@ wait_for() {  # wait_for <tries of 0.2s> <command...>
 }
 
 # 1) munge
-if [ "$MUNGE_USER" = munge ]; then runuser -u munge -- "$SBIN/munged"; else "$SBIN/munged" --force; fi
+if [ "$MUNGE_USER" = munge ]; then runuser -u munge -- "$SBIN/munged"; else "$SBIN/munged" --force; fi ||
+  diagnose "munged exited $? at start"
 wait_for 50 bash -c 'munge -n </dev/null | unmunge' || diagnose "munged does not answer"
 
 # 2) accounting: MariaDB + slurmdbd
@@ -205,9 +211,9 @@ CONF
 fi
 
 # 3) controller (-c: drop saved job state of an earlier run), 4) node daemon named "localhost"
-"$SBIN/slurmctld" -c
+"$SBIN/slurmctld" -c || diagnose "slurmctld exited $? at start"
 wait_for 100 bash -c 'scontrol ping | grep -q "is UP"' || diagnose "slurmctld is not up"
-"$SBIN/slurmd" -N localhost
+"$SBIN/slurmd" -N localhost || diagnose "slurmd exited $? at start"
 
 # 5) wait until the node is idle
 wait_for 150 bash -c '[ "$(sinfo -h -n localhost -o %T)" = idle ]' || diagnose "node localhost is not idle"
