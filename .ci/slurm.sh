@@ -159,6 +159,10 @@ NodeName=localhost NodeAddr=127.0.0.1 CPUs=${NCPUS} RealMemory=${MEM_MB} ${GRES}
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 CONF
 
+# Nothing here uses cgroups (linuxproc, task/none, no accounting), but slurmd loads a cgroup plugin anyway: v1's init
+# does nothing, while autodetect on a cgroup-v2 host picks v2, which needs systemd's dbus (bare GPU machine: none).
+echo "CgroupPlugin=cgroup/v1" > /etc/slurm/cgroup.conf
+
 # Fake GPUs: gres/gpu drops file-less GPUs and wants char/block devices -> symlinks to /dev/null.
 # Real GPUs: their /dev/nvidia<i> (a sandbox without them gets the /dev/null stand-ins, and says so).
 # Jobs asking --gpus-per-node=N get CUDA_VISIBLE_DEVICES=0..N-1.
