@@ -107,7 +107,8 @@ fi
 if [ -z "${MUNGE_USER:-}" ]; then MUNGE_USER=root; getent passwd munge >/dev/null && MUNGE_USER=munge; fi
 mkdir -p /etc/slurm /etc/munge /var/lib/munge /var/log/munge /var/lib/slurm/slurmctld /var/lib/slurm/slurmd \
   /var/log/slurm /run/munge
-chown "$MUNGE_USER:" /run/munge /etc/munge /var/lib/munge /var/log/munge && chmod 0755 /run/munge
+# -R: files an earlier start as another munge user left (a root munged's log) make munged refuse to start
+chown -R "$MUNGE_USER:" /run/munge /etc/munge /var/lib/munge /var/log/munge && chmod 0755 /run/munge
 [ -s /etc/munge/munge.key ] || dd if=/dev/urandom bs=1 count=1024 of=/etc/munge/munge.key 2>/dev/null
 chown "$MUNGE_USER:" /etc/munge/munge.key && chmod 0400 /etc/munge/munge.key
 
