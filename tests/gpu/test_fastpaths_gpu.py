@@ -1,15 +1,21 @@
 """vlmtrain.train.bridge_patches' GPU parts beside Bridge's code: TE's fused RoPE against Bridge's unfused rotation on
-packed rows at the 30B-A3B ViT's and decoder's head shapes (forward and gradient), and pinned visual inputs.
-Run with `pytest -m gpu`."""
+packed rows at the 30B-A3B ViT's and decoder's head shapes (forward and gradient), pinned visual inputs, and the
+ViT's host grid in real training. Run with `pytest -m gpu`."""
 
 from __future__ import annotations
 
+import subprocess
 import types
+from pathlib import Path
 
 import pytest
 import torch
 
+from vlmtrain.observe.bench import cases
+from vlmtrain.observe.bench.resume import losses
 from vlmtrain.train import bridge_patches
+
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.gpu
 
@@ -75,3 +81,21 @@ def test_pinned_visual_inputs() -> None:
     assert pinned.pixel_values.is_pinned() and pinned.image_grid_thw.is_pinned()
     assert pinned.pixel_values_videos is None
     assert torch.equal(pinned.pixel_values, vi.pixel_values)
+
+
+def test_vit_host_grid_trains_the_same_losses(tmp_path: Path) -> None:
+    """train.py with kernels=fast, with and without the ViT's host grid: the same samples from the same init give the
+    same first loss (the forward is the same computation: same lengths, same kernels) and the same curve after."""
+    curves = {}
+    for on in ("true", "false"):
+        case = cases.Case(f"tiny_vit-host-grid-{on}", 1, ["model=tiny", "train.iterations=4",
+                                                         "train.global_batch_size=4", "kernels=fast",
+                                                         f"kernels.vit_host_grid={on}"])
+        proc = subprocess.run(cases.command(case, tmp_path / on), cwd=ROOT, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert ("vit_host_grid" in (tmp_path / on / "ranks.log").read_text()) == (on == "true")  # replaced code
+        curves[on] = losses(tmp_path / on)
+    assert sorted(curves["true"]) == sorted(curves["false"]) == [0, 1, 2, 3]
+    assert curves["true"][0] == curves["false"][0]
+    for step in range(1, 4):
+        assert abs(curves["true"][step] - curves["false"][step]) < 1e-3, (step, curves)

@@ -58,6 +58,21 @@ def test_vit_positions_gradient_matches_bridge(vit: types.SimpleNamespace) -> No
     assert grads[0].abs().sum() > 0
 
 
+def test_vit_packed_seq_params_match_bridge_with_host_lengths(vit: types.SimpleNamespace) -> None:
+    """The same cu_seqlens (one sequence per frame), and max_seqlen as a Python int where Bridge has a 0-d tensor
+    (which TE compares and converts in every attention layer: a device sync each time on a GPU grid)."""
+    from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.vision_model import Qwen3VLVisionModel
+
+    grid = torch.tensor(GRIDS)
+    ours, bridge = bridge_patches.packed_seq_params(vit, grid), Qwen3VLVisionModel.build_packed_seq_params(vit, grid)
+    assert torch.equal(ours.cu_seqlens_q, bridge.cu_seqlens_q) and ours.cu_seqlens_q.dtype == torch.int32
+    assert torch.equal(ours.cu_seqlens_kv, bridge.cu_seqlens_kv)
+    assert isinstance(bridge.max_seqlen_q, torch.Tensor)
+    assert type(ours.max_seqlen_q) is int and ours.max_seqlen_q == int(bridge.max_seqlen_q) == 44 * 90
+    assert ours.max_seqlen_kv == ours.max_seqlen_q and ours.qkv_format == bridge.qkv_format == "thd"
+    assert len(ours.cu_seqlens_q) == len(GRIDS) + 2  # the 2-frame grid is two sequences
+
+
 def test_install_only_what_the_options_ask_and_uninstall_restores() -> None:
     from megatron.bridge.models.qwen_vl.modelling_qwen3_vl import rope
     from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.vision_model import Qwen3VLVisionModel
@@ -71,11 +86,13 @@ def test_install_only_what_the_options_ask_and_uninstall_restores() -> None:
         assert bridge_patches.install(compose(["kernels.vit_positions=vectorized"])) == ["vit_positions"]
         assert bridge_patches.installed() == ["vit_pos_embed", "vit_rot_pos_emb"]
         assert rope.apply_rotary_pos_emb_thd_absolute is originals[0]
-        assert bridge_patches.install(compose(["kernels=fast"])) == ["rope_te", "vit_positions", "pin_visual_inputs"]
-        assert len(bridge_patches.installed()) == 4
+        assert bridge_patches.install(compose(["kernels=fast"])) == ["rope_te", "vit_positions", "pin_visual_inputs",
+                                                                     "vit_host_grid"]
+        assert len(bridge_patches.installed()) == 6
         assert rope.apply_rotary_pos_emb_thd_absolute is not originals[0]
         assert Qwen3VLVisionModel.rot_pos_emb is bridge_patches.rot_pos_emb
         assert GenericVisualInputs.pin_memory is bridge_patches.pin_memory
+        assert Qwen3VLVisionModel.build_packed_seq_params is bridge_patches.packed_seq_params
     finally:
         bridge_patches.uninstall()
     assert (rope.apply_rotary_pos_emb_thd_absolute, Qwen3VLVisionModel.rot_pos_emb) == originals
@@ -102,5 +119,5 @@ def test_plan_names_the_replaced_code() -> None:
 
     code = [line for line in plan.render(compose(["kernels=fast"]), None, [], "-").splitlines()
             if line.startswith("code:")]
-    assert code and code[0].endswith("rope_te, vit_positions, pin_visual_inputs")
+    assert code and code[0].endswith("rope_te, vit_positions, pin_visual_inputs, vit_host_grid")
     assert "code:" not in plan.render(compose(["kernels=default"]), None, [], "-")

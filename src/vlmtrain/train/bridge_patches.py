@@ -1,4 +1,4 @@
-"""Drop-in replacements for three Bridge Qwen3-VL hot spots that a profile of the issue-9 best case found
+"""Drop-in replacements for four Bridge Qwen3-VL hot spots that a profile of the issue-9 best case found
 (results/profile_h200x2.jsonl): the same results, faster. The kernels group decides which (`replacements`);
 `install()` puts them in place once per training process, before Bridge builds the model.
 
@@ -17,6 +17,11 @@
   and objects with a `pin_memory()` method, and Bridge's GenericVisualInputs has none. Its pixel tensors
   (200-270 MB per micro-batch here) stayed pageable, so `.cuda(non_blocking=True)` ran as a blocking ~6 GB/s copy
   on the compute stream. The method added here lets the loader's pin thread pin them off the critical path.
+- vit_host_grid: the ViT's image grid lives on the GPU, and Bridge reads it back piecemeal: its packed-sequence
+  `max_seqlen` is a 0-d GPU tensor, which TE compares (`AttentionParams.__eq__`) and converts to an int in every
+  attention layer, each a device sync (146 ms of GPU idle in results/profile_h200.jsonl's H1 step), and the
+  tower's last line syncs once more (`.tolist()` of the split sizes) after queuing all 27 layers. Here the grid is
+  read to the host once per forward, and the lengths are host ints (cu_seqlens copied to the GPU asynchronously).
 
 Always installed, whatever the groups say (`install_redaction`): Bridge writes the whole ConfigContainer next to
 every checkpoint (checkpointing.save_checkpoint -> `cfg.to_yaml(<iter dir>/run_config.yaml)`), hands
@@ -162,6 +167,38 @@ def install_pin_visual_inputs() -> None:
     _replace("pin_visual_inputs", GenericVisualInputs, "pin_memory", pin_memory)
 
 
+# --- vit_host_grid ------------------------------------------------------------------------------------------------
+
+
+def packed_seq_params(self: Any, grid_thw: Any) -> Any:
+    """Qwen3VLVisionModel.build_packed_seq_params from host lengths: one sequence per frame, max_seqlen an int."""
+    import itertools
+
+    import torch
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    seqlens = [h * w for frames, h, w in _grids(grid_thw) for _ in range(frames)]
+    device = self.pos_embed.weight.device
+    cu = torch.tensor([0, *itertools.accumulate(seqlens)], dtype=torch.int32, pin_memory=device.type == "cuda")
+    cu = cu.to(device, non_blocking=True)
+    longest = max(seqlens)
+    return PackedSeqParams(cu_seqlens_q=cu, cu_seqlens_kv=cu, qkv_format="thd", max_seqlen_q=longest,
+                           max_seqlen_kv=longest)
+
+
+def install_vit_host_grid() -> None:
+    from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.vision_model import Qwen3VLVisionModel
+
+    forward = Qwen3VLVisionModel.forward
+
+    def vit_forward(self: Any, hidden_states: Any, grid_thw: Any, *args: Any, **kwargs: Any) -> Any:
+        """Bridge's forward on a host copy of the grid (the one device->host read of this forward)."""
+        return forward(self, hidden_states, grid_thw.cpu(), *args, **kwargs)
+
+    _replace("vit_host_grid_forward", Qwen3VLVisionModel, "forward", vit_forward)
+    _replace("vit_host_grid_seqlens", Qwen3VLVisionModel, "build_packed_seq_params", packed_seq_params)
+
+
 VIT_QUANTIZED_FIELDS = ("fp8", "fp8_recipe", "fp8_margin", "fp8_amax_history_len", "fp8_amax_compute_algo",
                         "fp8_wgrad", "fp4", "fp4_recipe")
 """The decoder's number-format fields the ViT takes over under precision.vision=quantized (never fp8_param: the
@@ -234,7 +271,8 @@ def install_always() -> None:
 
 
 INSTALL = {"rope_te": install_rope_te, "vit_positions": install_vit_positions,
-           "pin_visual_inputs": install_pin_visual_inputs, "vit_quantized": install_vit_quantized}
+           "pin_visual_inputs": install_pin_visual_inputs, "vit_host_grid": install_vit_host_grid,
+           "vit_quantized": install_vit_quantized}
 
 
 def install(run: RunConfig) -> list[str]:

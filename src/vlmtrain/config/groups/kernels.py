@@ -5,10 +5,10 @@
 | default | multistream: a cuBLAS GEMM per local expert, streams | unfused                | native        |
 | fast    | cutlass: one CUTLASS grouped GEMM (SM90 only)        | TE fused top-k         | te            |
 
-| option  | rope (packed rows)   | vit_positions                    | pin_visual_inputs         |
-|---------|----------------------|----------------------------------|---------------------------|
-| default | Bridge's unfused ops | Bridge's per-image loops         | false (pageable pixels)   |
-| fast    | te: fused kernel     | vectorized: host index tensors   | true                      |
+| option  | rope (packed rows)   | vit_positions                    | pin_visual_inputs         | vit_host_grid |
+|---------|----------------------|----------------------------------|---------------------------|---------------|
+| default | Bridge's unfused ops | Bridge's per-image loops         | false (pageable pixels)   | false         |
+| fast    | te: fused kernel     | vectorized: host index tensors   | true                      | true          |
 
 `default` is what Bridge does unless told otherwise. `fast` is what the issue-9 kernels sweep measured on 2 x H200
 (results/perf_h200x2.jsonl, one machine lease, same step-1 loss): CUTLASS grouped GEMM 1.13x useful tokens/s at
@@ -16,7 +16,7 @@ packed MBS 8 (TE #2045: per-expert GEMMs are small and many in fine-grained MoE)
 entropy 0.97x (no speed change within noise) at 8 GiB less peak memory, which let MBS grow from 8 to 12.
 TE reads NVTE_USE_CUTLASS_GROUPED_GEMM from the environment when it runs a grouped GEMM, so `env()` feeds
 hardware.runtime_env (exported before torch is imported), not a Bridge field.
-`rope`, `vit_positions` and `pin_visual_inputs` replace Bridge Qwen3-VL code paths that a profile of the best case
+`rope`, `vit_positions`, `pin_visual_inputs` and `vit_host_grid` replace Bridge Qwen3-VL code paths that profiles
 found slow (vlmtrain.train.bridge_patches says what each does and installs them in each training process).
 """
 
@@ -69,6 +69,8 @@ class KernelsConfig:
     """Qwen3-VL ViT position embeddings and rotary ids: Bridge's per-image loops or host-built index tensors."""
     pin_visual_inputs: bool = False
     """Let the DataLoader pin the pixel tensors too, so their copy to the GPU is asynchronous."""
+    vit_host_grid: bool = False
+    """Read the ViT's image grid to the host once per forward: attention lengths as ints, no per-layer syncs."""
 
 
 def env(run: RunConfig) -> dict[str, str]:
@@ -84,5 +86,5 @@ def replacements(run: RunConfig) -> list[str]:
     """The Bridge code paths this run replaces (vlmtrain.train.bridge_patches; shown in the dry-run plan)."""
     k = run.kernels
     chosen = {"rope_te": k.rope == Rope.te, "vit_positions": k.vit_positions == VitPositions.vectorized,
-              "pin_visual_inputs": k.pin_visual_inputs}
+              "pin_visual_inputs": k.pin_visual_inputs, "vit_host_grid": k.vit_host_grid}
     return [name for name, on in chosen.items() if on]
