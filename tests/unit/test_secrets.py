@@ -188,5 +188,9 @@ def test_wandb_offline_files(built: tuple[Any, Any, Path]) -> None:
 def test_override_dirname_drops_secret_overrides(planted: Any) -> None:
     lines = ["b=2", COMET, "+bridge.logger.wandb_entity=" + ENV_SECRETS["HF_TOKEN"], "a=1"]
     assert redact.override_dirname(lines, [], ",", "=") == "a=1,b=2"
+    # a path value stays one directory level (the Slurm check's sweep with train.checkpoint_dir=/tmp/... nested its
+    # job's run dir four levels deep, where nothing looked for rank0.json or metrics.jsonl)
+    assert redact.override_dirname(["train.checkpoint_dir=/tmp/ck/30b", "a=1"], [], ",", "=") == (
+        "a=1,train.checkpoint_dir=_tmp_ck_30b")
     assert redact.redact_overrides(lines)[1:3] == ["+bridge.logger.comet_api_key=<redacted>",
                                                    "+bridge.logger.wandb_entity=<redacted>"]

@@ -132,12 +132,13 @@ def redact_overrides(lines: list[str] | tuple[str, ...], environ: Mapping[str, s
 def override_dirname(overrides: list[str], exclude_keys: list[str], item_sep: str, kv_sep: str) -> str:
     """Hydra's `hydra.job.override_dirname` (its own function, same settings) over the overrides that carry no
     secret: the name of a checkpoint or sweep-job directory never holds a credential, and rotating a key keeps
-    the same directory."""
+    the same directory. One path component: `/` in a value becomes `_` (the job number keeps names unique)."""
     from hydra._internal.config_loader_impl import get_overrides_dirname
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     kept = [o for o in overrides if not is_secret_override(o)]
-    return get_overrides_dirname(OverridesParser.create().parse_overrides(kept), list(exclude_keys), item_sep, kv_sep)
+    name = get_overrides_dirname(OverridesParser.create().parse_overrides(kept), list(exclude_keys), item_sep, kv_sep)
+    return name.replace("/", "_")  # a path value (train.checkpoint_dir=/a/b) must not nest the job's run dir
 
 
 class LogFilter(logging.Filter):
