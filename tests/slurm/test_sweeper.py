@@ -174,3 +174,17 @@ def test_rank_record_keeps_earlier_attempts(tmp_path: Path) -> None:
     record = json.loads((tmp_path / "rank0.json").read_text())
     assert record["slurm"]["restart_count"] == "1"
     assert [(p["slurm"]["restart_count"], p["signal"]["name"]) for p in record["previous"]] == [(None, "SIGUSR2")]
+
+
+def test_a_path_override_keeps_each_job_dir_one_level_down(tmp_path: Path) -> None:
+    """A path value in the overrides (train.checkpoint_dir=/...) stays inside the job's directory name: Hydra's
+    override_dirname keeps its '/', which nested the job's run dir four levels under the sweep dir, where neither
+    the sweep report nor the Slurm preemption check looked (GPU run of 2026-12-02). Real dry runs."""
+    out = multirun(tmp_path, "dry_run=true", f"train.checkpoint_dir={tmp_path}/ckpt/a", "train.iterations=2,3",
+                   timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    jobs = job_dirs(tmp_path)
+    assert [j.name[:2] for j in jobs] == ["0_", "1_"]
+    for job in jobs:
+        assert f"train.checkpoint_dir={str(tmp_path).replace('/', '_')}_ckpt_a" in job.name
+        assert (job / "bridge_config.yaml").is_file()

@@ -86,8 +86,8 @@ def test_install_only_what_the_options_ask_and_uninstall_restores() -> None:
         assert bridge_patches.install(compose(["kernels.vit_positions=vectorized"])) == ["vit_positions"]
         assert bridge_patches.installed() == ["vit_pos_embed", "vit_rot_pos_emb"]
         assert rope.apply_rotary_pos_emb_thd_absolute is originals[0]
-        assert bridge_patches.install(compose(["kernels=fast"])) == ["rope_te", "vit_positions", "pin_visual_inputs",
-                                                                     "vit_host_grid"]
+        assert bridge_patches.install(compose(["kernels=fast", "kernels.vit_host_grid=true"])) == [
+            "rope_te", "vit_positions", "pin_visual_inputs", "vit_host_grid"]
         assert len(bridge_patches.installed()) == 6
         assert rope.apply_rotary_pos_emb_thd_absolute is not originals[0]
         assert Qwen3VLVisionModel.rot_pos_emb is bridge_patches.rot_pos_emb
@@ -119,5 +119,5 @@ def test_plan_names_the_replaced_code() -> None:
 
     code = [line for line in plan.render(compose(["kernels=fast"]), None, [], "-").splitlines()
             if line.startswith("code:")]
-    assert code and code[0].endswith("rope_te, vit_positions, pin_visual_inputs, vit_host_grid")
+    assert code and code[0].endswith("rope_te, vit_positions, pin_visual_inputs")
     assert "code:" not in plan.render(compose(["kernels=default"]), None, [], "-")

@@ -8,7 +8,7 @@
 | option  | rope (packed rows)   | vit_positions                    | pin_visual_inputs         | vit_host_grid |
 |---------|----------------------|----------------------------------|---------------------------|---------------|
 | default | Bridge's unfused ops | Bridge's per-image loops         | false (pageable pixels)   | false         |
-| fast    | te: fused kernel     | vectorized: host index tensors   | true                      | true          |
+| fast    | te: fused kernel     | vectorized: host index tensors   | true                      | false         |
 
 `default` is what Bridge does unless told otherwise. `fast` is what the issue-9 kernels sweep measured on 2 x H200
 (results/perf_h200x2.jsonl, one machine lease, same step-1 loss): CUTLASS grouped GEMM 1.13x useful tokens/s at
@@ -17,7 +17,8 @@ entropy 0.97x (no speed change within noise) at 8 GiB less peak memory, which le
 TE reads NVTE_USE_CUTLASS_GROUPED_GEMM from the environment when it runs a grouped GEMM, so `env()` feeds
 hardware.runtime_env (exported before torch is imported), not a Bridge field.
 `rope`, `vit_positions`, `pin_visual_inputs` and `vit_host_grid` replace Bridge Qwen3-VL code paths that profiles
-found slow (vlmtrain.train.bridge_patches says what each does and installs them in each training process).
+found slow (vlmtrain.train.bridge_patches says what each does and installs them in each training process);
+`vit_host_grid` is not in `fast` (docs/measurements.md, "Host syncs at H1").
 """
 
 from __future__ import annotations
