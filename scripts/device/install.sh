@@ -2,12 +2,22 @@
 # Runs on the GPU machine (no network): installs what scripts/device/prepare.sh packed into /tmp/site.
 #   bash scripts/device/install.sh stage FOLDER...  in each call that carries one .device/teN or depsN folder:
 #                                                  copies it to /tmp/dev, which outlives the call while warm
-#   bash scripts/device/install.sh                 once all are staged; later calls: export PYTHONPATH=/tmp/site
+#   bash scripts/device/install.sh                 once all are staged (exit 2 naming any folder not staged);
+#                                                  later calls: export PYTHONPATH=/tmp/site
 set -euo pipefail
 DEV=${DEVICE_STAGE:-/tmp/dev}
 SITE=${DEVICE_SITE:-/tmp/site}
 if [ "${1:-}" = stage ]; then shift; mkdir -p "$DEV"; for d in "$@"; do cp "$d"/* "$DEV/"; done; echo "staged: $(find "$DEV" -type f | wc -l) files"; exit; fi
 cd "$DEV"
+# A staging call that never ran (a machine that failed to start takes the call with it) left the TE core wheel
+# short, and pip then installed an empty `transformer-engine`: check every staged file first.
+if [ -f MANIFEST.txt ]; then
+  missing=$(while read -r dir name size; do
+    case $name in *.part[0-9]*) [ -e "${name%.part[0-9]*}" ] && continue;; esac  # joined by an earlier run
+    [ "$(stat -c %s "$name" 2>/dev/null)" = "$size" ] || echo "$dir"
+  done < MANIFEST.txt | sort -u | tr '\n' ' ')
+  [ -z "$missing" ] || { echo "not staged (or cut short): $missing- stage each again (install.sh stage .device/<folder>)"; exit 2; }
+fi
 # The TE core wheel came in parts NAME.whl.part00, part01, ... (one call carries at most 64 MiB).
 for first in ./*.whl.part00; do
   [ -e "$first" ] || break

@@ -117,4 +117,8 @@ done
 core=$(tefile "transformer_engine_cu13-$TE-*.whl")
 split -b 56M -d "$core" "$OUT/$(basename "$core").part"   # install.sh joins NAME.whl.partNN back into NAME.whl
 i=1; for p in "$OUT"/*.whl.part[0-9]*; do mkdir -p "$OUT/te$i"; mv "$p" "$OUT/te$i/"; i=$((i + 1)); done
+# Every folder carries the list of all of them (folder, file, bytes): install.sh names what was not staged.
+(cd "$OUT" && for f in te[0-9]*/* deps[0-9]*/*; do
+  [ "${f##*/}" = MANIFEST.txt ] || echo "${f%%/*} ${f##*/} $(stat -c %s "$f")"; done) > "$OUT/manifest.txt"
+for d in "$OUT"/te[0-9]* "$OUT"/deps[0-9]*; do cp "$OUT/manifest.txt" "$d/MANIFEST.txt"; done
 echo "prepared (each at most $((MAX / 1048576)) MiB):"; du -sh "$OUT"/te[0-9]* "$OUT"/deps[0-9]* | sed 's/^/  /'
