@@ -154,7 +154,7 @@ def main(spec: Spec, args: argparse.Namespace) -> int:
             continue  # a case that failed once on this lease is not repeated in this call
         if args.budget_s is not None and time.monotonic() - t0 + max(walls, default=case_s) > args.budget_s:
             print(f"[sweep] budget: {args.budget_s:.0f} s would be exceeded; not started: "
-                  f"{', '.join(f'{c.name} run {j}' for c, j in todo[k:])}", flush=True)
+                  f"{', '.join(f'{c.name} run {j + 1}/{args.repeats}' for c, j in todo[k:])}", flush=True)
             break
         print(f"[sweep] {case.name}" + (f" run {i + 1}/{args.repeats} ({lease})" if args.repeats > 1 else ""),
               flush=True)
