@@ -6,6 +6,7 @@ GPU, with the hardware group's env vars in place before torch is imported.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -48,10 +49,20 @@ def launch(run: RunConfig, resolved: Resolved | None = None, module: str = "vlmt
     env.update({k: v for k, v in res.env_vars.items() if k not in os.environ})
     env.setdefault("PYTHONUNBUFFERED", "1")
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={lay.gpus_per_node}",
-           f"--nnodes={lay.nodes}", "--master-port", env.get("MASTER_PORT", "29511"),
+           f"--nnodes={lay.nodes}", "--master-port", master_port(env),
            "-m", module, str(path)]
     print(f"[vlmtrain] launching {lay.world_size} rank(s): {' '.join(cmd)}", flush=True)
     return tee(cmd, env, Path(run.output_dir) / log)
+
+
+def master_port(env: dict[str, str]) -> str:
+    """MASTER_PORT where set, else a port free now: two runs side by side on one node (one GPU each) collided on a
+    fixed port (EADDRINUSE at the rendezvous)."""
+    if env.get("MASTER_PORT"):
+        return env["MASTER_PORT"]
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return str(s.getsockname()[1])
 
 
 def tee(cmd: list[str], env: dict[str, str], log: Path) -> int:
