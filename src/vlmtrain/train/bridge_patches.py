@@ -1,6 +1,7 @@
-"""Drop-in replacements for four Bridge Qwen3-VL hot spots that a profile of the issue-9 best case found
-(results/profile_h200x2.jsonl): the same results, faster. The kernels group decides which (`replacements`);
-`install()` puts them in place once per training process, before Bridge builds the model.
+"""Drop-in replacements for four Bridge Qwen3-VL hot spots that profiles found (the issue-9 best case's,
+results/profile_h200x2.jsonl; the last one H1's, results/profile_h200.jsonl): the same results, meant to be faster.
+The kernels group decides which (`replacements`); `install()` puts them in place once per training process, before
+Bridge builds the model.
 
 - rope_te: Bridge rotates q and k of packed (THD) rows, in the ViT and the decoder, with Megatron's unfused
   `_apply_rotary_pos_emb_bshd` (cos, sin, two multiplies, a chunk/cat rotate-half and an add; the ViT does it in
@@ -22,6 +23,7 @@
   attention layer, each a device sync (146 ms of GPU idle in results/profile_h200.jsonl's H1 step), and the
   tower's last line syncs once more (`.tolist()` of the split sizes) after queuing all 27 layers. Here the grid is
   read to the host once per forward, and the lengths are host ints (cu_seqlens copied to the GPU asynchronously).
+  Not in kernels=fast: at H1 the ViT's span fell but the step did not (docs/measurements.md, "Host syncs at H1").
 
 Always installed, whatever the groups say (`install_redaction`): Bridge writes the whole ConfigContainer next to
 every checkpoint (checkpointing.save_checkpoint -> `cfg.to_yaml(<iter dir>/run_config.yaml)`), hands
