@@ -136,3 +136,17 @@ def test_train_py_exits_with_the_status_of_a_record_written_by_this_launch(tmp_p
     os.utime(record, (since - 3600, since - 3600))  # an earlier attempt's record: this launch's crash is its own
     assert failure.exit_status(1, tmp_path, since=since) == 1
     assert failure.read(tmp_path, since=since) == [] and len(failure.read(tmp_path)) == 1
+
+
+def test_a_data_bound_step_after_warm_up_is_said_once(tmp_path: Path, capsys: Any) -> None:
+    """The console hint: not for the warm-up steps (their batches were prefetched), once for the first later step
+    that waited on the loader (the recorded H1 run's step 4 waited 0.954 of 3.97 s)."""
+    from vlmtrain.observe.results import SKIP
+
+    run = compose(["data=realistic"], output_dir=str(tmp_path))
+    cb = callback_at(run, 0, "data")
+    for step in range(SKIP + 2):
+        cb._hint_if_data_bound({"step": step, "step_s": 3.97, "time_data_s": 0.954 if step else 3.2})
+    out = capsys.readouterr().out
+    assert out.count("data-bound") == 1
+    assert f"step {SKIP} waited 0.95 s (24%)" in out and "data.num_workers (now 2)" in out

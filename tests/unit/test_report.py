@@ -231,6 +231,17 @@ def test_mock_and_frozen_configs_get_their_own_section(overrides: list[str], sec
     assert (job.section, report.flags(job)) == (section, flag)
 
 
+def test_a_run_that_waited_on_its_loader_is_flagged_with_the_knob() -> None:
+    """Medians of a recorded H1 run of lease 2b3014ae (results/perf_h200.jsonl): 0.555 s of a 3.938 s step waiting on
+    the loader at data.num_workers=2."""
+    config = OmegaConf.to_container(OmegaConf.structured(compose(["data=realistic"])), enum_to_str=True)
+    job = report.Job(name="x", source="files", config=config,
+                     metrics={"time_data_s": 0.555, "step_s": 3.938, "skipped_samples": 0})
+    assert report.flags(job) == "data-bound: 14% of the step waits on the loader (data.num_workers=2)"
+    job.metrics["time_data_s"] = 0.001  # a loader that keeps up
+    assert report.flags(job) == ""
+
+
 def test_csv_columns(written: dict[str, Path], jobs: dict[str, report.Job]) -> None:
     with written["csv"].open() as f:
         reader = csv.DictReader(f)

@@ -25,7 +25,7 @@ from megatron.bridge.training.callbacks import Callback
 from vlmtrain.config.groups import precision
 from vlmtrain.config.resolve import Resolved, resolve
 from vlmtrain.observe import flops, startup, timing, wandb_run
-from vlmtrain.observe.results import append_jsonl
+from vlmtrain.observe.results import SKIP, append_jsonl
 from vlmtrain.train.step_counters import COUNTERS
 
 if TYPE_CHECKING:
@@ -107,6 +107,7 @@ class MetricsCallback(Callback):
         self.state: Any = None  # Bridge's GlobalState, from on_train_start: the step a failure record names
         self.skipped_steps = 0
         self.train_start: float | None = None
+        self.warned_data_bound = False
 
     def _is_writer(self) -> bool:
         import torch.distributed as dist
@@ -189,9 +190,20 @@ class MetricsCallback(Callback):
             self.train_start = None
         self._stop_if_nonfinite(row)
         row.update(timing.row(dict(zip(TIMED, timed, strict=True)), step_s), data_host_s=timed[-1])
+        self._hint_if_data_bound(row)
         row.update(megatron_numbers(context.state.cfg, batch_size, stats, step_s, dist.get_world_size()))
         append_jsonl(self.path, row)
         wandb_run.log_row(self.wandb_run, row)
+
+    def _hint_if_data_bound(self, row: dict[str, Any]) -> None:
+        """Once per run, after the warm-up steps (their batches were prefetched): say so when the step waited on the
+        data loader, since the GPU idles for it and more loader workers are the fix."""
+        share = timing.data_bound(row.get("time_data_s"), row["step_s"])
+        if share is None or self.warned_data_bound or row["step"] < SKIP:
+            return
+        self.warned_data_bound = True
+        print(f"[vlmtrain] data-bound: step {row['step']} waited {row['time_data_s']:.2f} s ({share:.0%}) on the "
+              f"data loader; raise data.num_workers (now {self.run.data.num_workers})", flush=True)
 
     def failing_step(self) -> int | None:
         """The step in flight (metrics.jsonl's numbering), for a failure record."""

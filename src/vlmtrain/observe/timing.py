@@ -56,6 +56,18 @@ def row(totals: Mapping[str, float], step_s: float) -> dict[str, float]:
             "component_coverage": covered / step_s if step_s > 0 else 0.0}
 
 
+DATA_BOUND = 0.10
+"""An exposed data wait of at least this share of the step: the loader is behind (more data.num_workers)."""
+
+
+def data_bound(time_data_s: float | None, step_s: float | None) -> float | None:
+    """The step's share spent waiting on the data loader when it is at least DATA_BOUND, else None."""
+    if not time_data_s or not step_s:
+        return None
+    share = time_data_s / step_s
+    return share if share >= DATA_BOUND else None
+
+
 class Timeline:
     """Ordered (label, clock token) marks of one step; forward hooks nest through a stack."""
 

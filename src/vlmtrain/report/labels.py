@@ -6,6 +6,7 @@ import re
 from collections import Counter
 
 from vlmtrain.config.groups import CHOSEN
+from vlmtrain.observe.timing import data_bound
 from vlmtrain.report.job import COMPONENTS, FLOP_KEYS, TIME_KEYS, Job, override_items
 
 NOT_IN_LABEL = {"model", "parallelism", "gpus_per_node", "nodes", "train.micro_batch_size", "dry_run", "output_dir",
@@ -99,5 +100,9 @@ def split_text(job: Job, kind: str) -> str:
 
 def flags(job: Job) -> str:
     skipped = int(job.metrics.get("skipped_samples") or 0)  # bad samples the data scan dropped
+    waiting = data_bound(job.metrics.get("time_data_s"), job.metrics.get("step_s"))
+    workers = job.knob("data.num_workers")
     return ", ".join(f for f, on in (("frozen-vision", job.frozen), ("mock-data", job.mock),
-                                     (f"{skipped} bad samples skipped", skipped)) if on)
+                                     (f"{skipped} bad samples skipped", skipped),
+                                     (f"data-bound: {waiting or 0:.0%} of the step waits on the loader "
+                                      f"(data.num_workers={workers})", waiting)) if on)
