@@ -167,6 +167,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     cmd = "python benchmarks/vit_attention.py" + (f" --only {' '.join(a.only)}" if a.only != list(VARIANTS) else "")
     for name, metrics in measure(a.only, a.repeats, a.iters, lengths):
+        if "skipped" in metrics:  # nothing measured: said here, no row
+            print(f"[vit_attention] {name} skipped: {metrics['skipped']}", flush=True)
+            continue
         results.append(a.results, f"vit-attention_{name}", cmd, metrics, shape=shape, seqlens=lengths,
                        device=torch.cuda.get_device_name(0), torch=torch.__version__)
         print(f"[vit_attention] {name}: {metrics}", flush=True)
