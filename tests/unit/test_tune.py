@@ -236,17 +236,18 @@ def test_preset_composes_and_passes_the_dry_run(searched: tuple[dict[str, Any], 
 
 
 def test_default_spec_follows_the_guidance() -> None:
-    """FSDP layouts first, packing capacity (MBS 1) then MBS unpacked, recompute x graphs together, dispatcher,
-    kernels, precision, 3D last and gated on headroom; layouts that divide, ETP only at TP."""
+    """FSDP layouts first, packing capacity (MBS 1) then MBS unpacked, the loader's workers, recompute x graphs
+    together, dispatcher, kernels, precision, 3D last and gated on headroom; layouts that divide, ETP only at TP."""
     s = spec.load("default")
-    assert [st.name for st in s.stages] == ["layout", "batch", "recompute_graphs", "dispatcher", "kernels",
+    assert [st.name for st in s.stages] == ["layout", "batch", "input", "recompute_graphs", "dispatcher", "kernels",
                                             "precision", "3d"]
+    assert s.stages[2].grids == [{"data.num_workers": [2, 4, 8]}]
     assert s.stages[0].grids == [{"layout": "fsdp"}] and s.stages[-1].grids == [{"layout": "3d"}]
     packed, unpacked = s.stages[1].grids
     assert packed["train.micro_batch_size"] == 1 and all(isinstance(c, int) for c in packed["data.packing"])
     assert unpacked["data.packing"] is False and len(unpacked["train.micro_batch_size"]) > 4
     assert s.stages[-1].gate and s.stages[1].ladder == ("data.packing", "train.micro_batch_size")
-    assert s.stages[2].knobs == ["recompute", "cuda_graph"] and s.get("packed_rows")["tokens_per_sample"] > 0
+    assert s.stages[3].knobs == ["recompute", "cuda_graph"] and s.get("packed_rows")["tokens_per_sample"] > 0
     assert space.layouts("fsdp", 8, 8, 128, 48) == ["fsdp-ep1", "fsdp-ep2", "fsdp-ep4", "fsdp-ep8"]
     three_d = space.layouts("3d", 8, 8, 128, 48)
     assert "3d-tp2-pp2-vpp2-ep2-etp2" in three_d and "3d-tp2-ep4" in three_d and "3d-pp8-ep2" not in three_d
