@@ -209,8 +209,10 @@ def rank_main(run_dir: Path) -> int:
 
 
 def command(run_dir: Path, entry: Path) -> list[str]:
+    from vlmtrain.launch.local import master_port
+
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=1", "--nnodes=1", "--master-port",
-            os.environ.get("MASTER_PORT", "29500"), str(entry), RANK_FLAG, str(run_dir)]
+            master_port(dict(os.environ)), str(entry), RANK_FLAG, str(run_dir)]
 
 
 def run_once(i: int, lease: str, out: Path, results_path: Path, entry: Path) -> dict[str, Any] | None:

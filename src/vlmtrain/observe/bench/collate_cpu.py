@@ -19,9 +19,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-H1 = ["model=qwen3_vl_30b_a3b", "model.num_layers=4", "data=realistic", "experiment=perf_h200x2_best",
-      "gpus_per_node=1", "parallelism.ep=1", "train.global_batch_size=4", "dry_run=true"]
-"""The H1 case's data (conf/tune/perf_h200.yaml `h1`); dry_run: no GPU is asked for."""
+from vlmtrain.observe.bench.ceiling import H1_MODEL
+
+H1 = [*H1_MODEL, "data=realistic", "train.global_batch_size=4", "dry_run=true"]
+"""The H1 case's model and data (conf/tune/perf_h200.yaml `h1`); dry_run: no GPU is asked for."""
 PARTS = {"assistant_loss_mask": "build_assistant_loss_mask", "vision_inputs": "process_vision_info",
          "processor_calls": "processing_utils.py:643(__call__)"}
 """Profile entries (pstats' function labels, by substring) whose cumulative time is reported as a share."""
