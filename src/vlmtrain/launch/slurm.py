@@ -123,7 +123,7 @@ class PreemptionRelay:
     `train.exit_signal`; re-sent every `resend_s` in case Bridge had not installed its handler yet), so Bridge
     saves a checkpoint at the end of the step on every rank and exits; then `hand_back()` runs submitit's
     handler, which on rank 0 resubmits the same job (hydra-submitit-launcher's checkpoint()) and requeues it.
-    Outside submitit (no Python handler for USR2) it does nothing."""
+    Outside submitit (no Python handler for USR2) it does nothing, and so does a process forked inside it."""
 
     def __init__(self, resend_s: float = 30.0):
         self.sig = requeue_signal()
@@ -131,8 +131,10 @@ class PreemptionRelay:
         self.received: float | None = None
         self._submitit_handler: Callable[[int, FrameType | None], Any] | None = None
         self._stop = threading.Event()
+        self._pid = os.getpid()
 
     def __enter__(self) -> PreemptionRelay:
+        self._pid = os.getpid()
         previous = signal.getsignal(self.sig)
         if callable(previous):
             self._submitit_handler = previous
@@ -145,6 +147,10 @@ class PreemptionRelay:
             signal.signal(self.sig, self._submitit_handler)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        # Slurm signals every process of the step; a forked DataLoader worker inherits this handler, and a SIGTERM
+        # to itself (not from its parent) makes torch report the worker "killed by signal: Terminated"
+        if os.getpid() != self._pid:
+            return
         print(f"[vlmtrain] rank {os.environ.get('RANK')}: got {signal.Signals(signum).name} (Slurm timeout or "
               "preemption): SIGTERM to Bridge (checkpoint and exit), then submitit requeues", flush=True)
         if self.received is None:
