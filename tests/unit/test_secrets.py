@@ -192,5 +192,11 @@ def test_override_dirname_drops_secret_overrides(planted: Any) -> None:
     # job's run dir four levels deep, where nothing looked for rank0.json or metrics.jsonl)
     assert redact.override_dirname(["train.checkpoint_dir=/tmp/ck/30b", "a=1"], [], ",", "=") == (
         "a=1,train.checkpoint_dir=_tmp_ck_30b")
+    # ... and under the filesystem's 255: the Slurm check's 11 overrides made a 262-character name (ENAMETOOLONG)
+    many = [f"train.option_{i}=/tmp/vlmtrain_slurm_ckpt/30b" for i in range(11)]
+    name = redact.override_dirname(many, [], ",", "=")
+    assert len(name) == redact.MAX_DIRNAME and name.startswith("train.option_0=_tmp_vlmtrain_slurm_ckpt_30b,")
+    assert name == redact.override_dirname(list(reversed(many)), [], ",", "=")  # a resumed job finds its dir
+    assert name != redact.override_dirname([*many[:-1], "train.option_10=/tmp/other"], [], ",", "=")
     assert redact.redact_overrides(lines)[1:3] == ["+bridge.logger.comet_api_key=<redacted>",
                                                    "+bridge.logger.wandb_entity=<redacted>"]

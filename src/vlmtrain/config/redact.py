@@ -14,6 +14,7 @@ sweep's preflight.json and table; and directory names are built from the overrid
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
@@ -129,16 +130,23 @@ def redact_overrides(lines: list[str] | tuple[str, ...], environ: Mapping[str, s
             for line in lines]
 
 
+MAX_DIRNAME = 200  # leaves room for the sweep's `<job>_` prefix under NAME_MAX (255)
+
+
 def override_dirname(overrides: list[str], exclude_keys: list[str], item_sep: str, kv_sep: str) -> str:
     """Hydra's `hydra.job.override_dirname` (its own function, same settings) over the overrides that carry no
     secret: the name of a checkpoint or sweep-job directory never holds a credential, and rotating a key keeps
-    the same directory. One path component: `/` in a value becomes `_` (the job number keeps names unique)."""
+    the same directory. One path component: `/` in a value becomes `_` (the job number keeps names unique), and
+    a name over MAX_DIRNAME characters keeps its head and a hash of the whole (the filesystem's limit is 255)."""
     from hydra._internal.config_loader_impl import get_overrides_dirname
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     kept = [o for o in overrides if not is_secret_override(o)]
     name = get_overrides_dirname(OverridesParser.create().parse_overrides(kept), list(exclude_keys), item_sep, kv_sep)
-    return name.replace("/", "_")  # a path value (train.checkpoint_dir=/a/b) must not nest the job's run dir
+    name = name.replace("/", "_")  # a path value (train.checkpoint_dir=/a/b) must not nest the job's run dir
+    if len(name) <= MAX_DIRNAME:
+        return name
+    return f"{name[: MAX_DIRNAME - 9]}~{hashlib.sha1(name.encode()).hexdigest()[:8]}"
 
 
 class LogFilter(logging.Filter):
