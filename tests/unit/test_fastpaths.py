@@ -74,11 +74,13 @@ def test_vit_packed_seq_params_match_bridge_with_host_lengths(vit: types.SimpleN
 
 
 def test_install_only_what_the_options_ask_and_uninstall_restores() -> None:
+    from megatron.bridge.models.qwen_vl.data import collate_fn
     from megatron.bridge.models.qwen_vl.modelling_qwen3_vl import rope
     from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.vision_model import Qwen3VLVisionModel
     from megatron.bridge.training.utils.visual_inputs import GenericVisualInputs
 
     originals = (rope.apply_rotary_pos_emb_thd_absolute, Qwen3VLVisionModel.rot_pos_emb)
+    mask = collate_fn.build_assistant_loss_mask
     try:
         assert bridge_patches.install(compose(["kernels=default"])) == []
         assert rope.apply_rotary_pos_emb_thd_absolute is originals[0]
@@ -87,15 +89,17 @@ def test_install_only_what_the_options_ask_and_uninstall_restores() -> None:
         assert bridge_patches.installed() == ["vit_pos_embed", "vit_rot_pos_emb"]
         assert rope.apply_rotary_pos_emb_thd_absolute is originals[0]
         assert bridge_patches.install(compose(["kernels=fast", "kernels.vit_host_grid=true"])) == [
-            "rope_te", "vit_positions", "pin_visual_inputs", "vit_host_grid"]
-        assert len(bridge_patches.installed()) == 6
+            "rope_te", "vit_positions", "pin_visual_inputs", "vit_host_grid", "mask_grid_only"]
+        assert len(bridge_patches.installed()) == 7
         assert rope.apply_rotary_pos_emb_thd_absolute is not originals[0]
         assert Qwen3VLVisionModel.rot_pos_emb is bridge_patches.rot_pos_emb
         assert GenericVisualInputs.pin_memory is bridge_patches.pin_memory
         assert Qwen3VLVisionModel.build_packed_seq_params is bridge_patches.packed_seq_params
+        assert collate_fn.build_assistant_loss_mask is not mask
     finally:
         bridge_patches.uninstall()
     assert (rope.apply_rotary_pos_emb_thd_absolute, Qwen3VLVisionModel.rot_pos_emb) == originals
+    assert collate_fn.build_assistant_loss_mask is mask
     assert not hasattr(GenericVisualInputs, "pin_memory")
 
 
@@ -119,5 +123,5 @@ def test_plan_names_the_replaced_code() -> None:
 
     code = [line for line in plan.render(compose(["kernels=fast"]), None, [], "-").splitlines()
             if line.startswith("code:")]
-    assert code and code[0].endswith("rope_te, vit_positions, pin_visual_inputs")
+    assert code and code[0].endswith("rope_te, vit_positions, pin_visual_inputs, mask_grid_only")
     assert "code:" not in plan.render(compose(["kernels=default"]), None, [], "-")

@@ -146,6 +146,61 @@ def test_a_bin_collates_as_bridge_packs_its_samples(compose, bridge, tmp_path, t
     assert len(train) == 8 and train[len(packed.bins)] == train[0]  # Bridge's sample count wraps over the bins
 
 
+def test_grid_only_mask_renders_build_bridge_s_rows(compose, bridge, tmp_path, tmp_path_factory, monkeypatch):
+    """kernels.mask_grid_only: every bin's packed row is Bridge's, tensor for tensor (masks, labels, pixels, grids),
+    while the image processor's full pixel work runs once per image instead of three times (the row's own pass;
+    the assistant mask's two chat-template renders compute grids only)."""
+    import torch
+    from megatron.bridge.data.conversation_processing import _conversation_from_example
+    from megatron.bridge.models.qwen_vl.data.collate_fn import qwen2_5_collate_fn
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
+
+    from vlmtrain.data import bins
+    from vlmtrain.train import bridge_patches
+
+    run, cfg, train = _dataset(compose, tmp_path, _cache(tmp_path_factory))
+    packed = bins.Bins.load(cfg.dataset.bins_file)
+    pixel_work: list[int] = []
+    full = Qwen2VLImageProcessor._preprocess
+    monkeypatch.setattr(Qwen2VLImageProcessor, "_preprocess",
+                        lambda self, images, **kw: pixel_work.append(len(images)) or full(self, images, **kw))
+
+    def rows() -> list[dict]:
+        return [qwen2_5_collate_fn(train[i], train.processor, sequence_length=CAP, enable_in_batch_packing=True)
+                for i in range(len(packed.bins))]
+
+    refs, bridge_work = rows(), sum(pixel_work)
+    pixel_work.clear()
+    try:
+        bridge_patches.install_mask_grid_only()
+        got = rows()
+    finally:
+        bridge_patches.uninstall()
+    images = sum(int(r["visual_inputs"].image_grid_thw.shape[0]) for r in refs)
+    assert images > len(refs) and (bridge_work, sum(pixel_work)) == (3 * images, images)
+    # Bridge's mask falls back to scanning the row's own ids when a render does not align, so equal rows alone
+    # would not show equal renders: the render the mask makes (the processor's chat template, images included)
+    # gives the same ids with grids only
+    def render(example: dict) -> dict:
+        return train.processor.apply_chat_template(_conversation_from_example(example), tokenize=True,
+                                                   add_generation_prompt=False, return_dict=True,
+                                                   return_assistant_tokens_mask=True)
+
+    for example in bins.bridge_examples(cfg.dataset.source):
+        want = render(example)
+        with bridge_patches.grid_only(train.processor):
+            ids = render(example)
+        assert ids["input_ids"] == want["input_ids"] and ids["assistant_masks"] == want["assistant_masks"]
+        assert torch.equal(ids["image_grid_thw"], want["image_grid_thw"]) and want["image_grid_thw"].shape[0] >= 1
+    for ref, row in zip(refs, got, strict=True):
+        assert row.keys() == ref.keys() and float(ref["loss_mask"].sum()) > 0
+        for key, value in ref.items():
+            if isinstance(value, torch.Tensor):
+                assert torch.equal(row[key], value), key
+        for key in ("pixel_values", "image_grid_thw"):
+            assert torch.equal(getattr(row["visual_inputs"], key), getattr(ref["visual_inputs"], key)), key
+
+
 def test_static_row_is_the_capacity_with_masked_counted_padding(compose, bridge, tmp_path, tmp_path_factory):
     import torch
     from megatron.bridge.data.datasets.utils import IGNORE_INDEX

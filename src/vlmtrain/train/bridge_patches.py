@@ -1,5 +1,6 @@
-"""Drop-in replacements for four Bridge Qwen3-VL hot spots that profiles found (the issue-9 best case's,
-results/profile_h200x2.jsonl; the last one H1's, results/profile_h200.jsonl): the same results, meant to be faster.
+"""Drop-in replacements for five Bridge Qwen3-VL hot spots that profiles found (the issue-9 best case's,
+results/profile_h200x2.jsonl; vit_host_grid H1's, results/profile_h200.jsonl; mask_grid_only the loader's,
+results/collate_cpu.jsonl): the same results, meant to be faster.
 The kernels group decides which (`replacements`); `install()` puts them in place once per training process, before
 Bridge builds the model.
 
@@ -24,6 +25,11 @@ Bridge builds the model.
   tower's last line syncs once more (`.tolist()` of the split sizes) after queuing all 27 layers. Here the grid is
   read to the host once per forward, and the lengths are host ints (cu_seqlens copied to the GPU asynchronously).
   Not in kernels=fast: at H1 the ViT's span fell but the step did not (docs/measurements.md, "Host syncs at H1").
+- mask_grid_only (the data loader's, not the GPU's): Bridge's packed Qwen collate builds each sample's assistant
+  loss mask by rendering its chat template through the processor again, twice, for token ids only; each render
+  resized, normalized and patchified every image (48 % of a worker's time per H1 row, results/collate_cpu.jsonl).
+  During that call the image processor computes each image's grid alone (the same smart_resize), which is all
+  the token ids depend on: the same masks, no pixels (tests/unit/test_fastpaths.py compares whole rows).
 
 Always installed, whatever the groups say (`install_redaction`): Bridge writes the whole ConfigContainer next to
 every checkpoint (checkpointing.save_checkpoint -> `cfg.to_yaml(<iter dir>/run_config.yaml)`), hands
@@ -37,7 +43,9 @@ dataset (vlmtrain.data.bins_dataset.BinDataset) is not a DirectSFTDataset: its c
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from vlmtrain.config.groups import kernels, precision
@@ -201,6 +209,57 @@ def install_vit_host_grid() -> None:
     _replace("vit_host_grid_seqlens", Qwen3VLVisionModel, "build_packed_seq_params", packed_seq_params)
 
 
+# --- mask_grid_only -----------------------------------------------------------------------------------------------
+
+
+def grid_only_preprocess(self: Any, images: list[Any], do_resize: bool, size: Any, patch_size: int, merge_size: int,
+                         return_tensors: Any = None, **_: Any) -> Any:
+    """Qwen2VLImageProcessor._preprocess reduced to what token ids need: each image's [1, h, w] grid of patches
+    after the same smart_resize (no resize, normalization or patches; pixel_values empty)."""
+    import torch
+    from transformers.image_processing_utils import BatchFeature
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
+
+    grids = []
+    for image in images:
+        height, width = image.shape[-2:]
+        if do_resize:
+            height, width = smart_resize(height, width, factor=patch_size * merge_size,
+                                         min_pixels=size.shortest_edge, max_pixels=size.longest_edge)
+        grids.append([1, height // patch_size, width // patch_size])
+    return BatchFeature(data={"pixel_values": torch.zeros(0), "image_grid_thw": torch.tensor(grids, dtype=torch.long)},
+                        tensor_type=return_tensors)
+
+
+@contextlib.contextmanager
+def grid_only(processor: Any) -> Iterator[None]:
+    """Within it, the processor's image processor computes grids only (one whose `_preprocess` is not the one
+    grid_only_preprocess reduces is left as is)."""
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
+
+    images = getattr(processor, "image_processor", None)
+    if getattr(type(images), "_preprocess", None) is not Qwen2VLImageProcessor._preprocess:
+        yield
+        return
+    images._preprocess = grid_only_preprocess.__get__(images)
+    try:
+        yield
+    finally:
+        del images._preprocess
+
+
+def install_mask_grid_only() -> None:
+    from megatron.bridge.models.qwen_vl.data import collate_fn
+
+    build = collate_fn.build_assistant_loss_mask
+
+    def build_assistant_loss_mask(example: Any, input_ids: Any, processor: Any, *args: Any, **kwargs: Any) -> Any:
+        with grid_only(processor):
+            return build(example, input_ids, processor, *args, **kwargs)
+
+    _replace("mask_grid_only", collate_fn, "build_assistant_loss_mask", build_assistant_loss_mask)
+
+
 VIT_QUANTIZED_FIELDS = ("fp8", "fp8_recipe", "fp8_margin", "fp8_amax_history_len", "fp8_amax_compute_algo",
                         "fp8_wgrad", "fp4", "fp4_recipe")
 """The decoder's number-format fields the ViT takes over under precision.vision=quantized (never fp8_param: the
@@ -274,7 +333,7 @@ def install_always() -> None:
 
 INSTALL = {"rope_te": install_rope_te, "vit_positions": install_vit_positions,
            "pin_visual_inputs": install_pin_visual_inputs, "vit_host_grid": install_vit_host_grid,
-           "vit_quantized": install_vit_quantized}
+           "vit_quantized": install_vit_quantized, "mask_grid_only": install_mask_grid_only}
 
 
 def install(run: RunConfig) -> list[str]:

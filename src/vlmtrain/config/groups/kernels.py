@@ -5,10 +5,10 @@
 | default | multistream: a cuBLAS GEMM per local expert, streams | unfused                | native        |
 | fast    | cutlass: one CUTLASS grouped GEMM (SM90 only)        | TE fused top-k         | te            |
 
-| option  | rope (packed rows)   | vit_positions                    | pin_visual_inputs         | vit_host_grid |
-|---------|----------------------|----------------------------------|---------------------------|---------------|
-| default | Bridge's unfused ops | Bridge's per-image loops         | false (pageable pixels)   | false         |
-| fast    | te: fused kernel     | vectorized: host index tensors   | true                      | false         |
+| option  | rope (packed rows)   | vit_positions            | pin_visual_inputs       | vit_host_grid | mask_grid_only |
+|---------|----------------------|--------------------------|-------------------------|---------------|----------------|
+| default | Bridge's unfused ops | Bridge's per-image loops | false (pageable pixels) | false         | false          |
+| fast    | te: fused kernel     | vectorized: host indices | true                    | false         | true           |
 
 `default` is what Bridge does unless told otherwise. `fast` is what the issue-9 kernels sweep measured on 2 x H200
 (results/perf_h200x2.jsonl, one machine lease, same step-1 loss): CUTLASS grouped GEMM 1.13x useful tokens/s at
@@ -16,9 +16,10 @@ packed MBS 8 (TE #2045: per-expert GEMMs are small and many in fine-grained MoE)
 entropy 0.97x (no speed change within noise) at 8 GiB less peak memory, which let MBS grow from 8 to 12.
 TE reads NVTE_USE_CUTLASS_GROUPED_GEMM from the environment when it runs a grouped GEMM, so `env()` feeds
 hardware.runtime_env (exported before torch is imported), not a Bridge field.
-`rope`, `vit_positions`, `pin_visual_inputs` and `vit_host_grid` replace Bridge Qwen3-VL code paths that profiles
-found slow (vlmtrain.train.bridge_patches says what each does and installs them in each training process);
-`vit_host_grid` is not in `fast` (docs/measurements.md, "Host syncs at H1").
+`rope`, `vit_positions`, `pin_visual_inputs`, `vit_host_grid` and `mask_grid_only` replace Bridge Qwen3-VL code
+paths that profiles found slow (vlmtrain.train.bridge_patches says what each does and installs them in each training
+process, whose loader workers inherit them); `vit_host_grid` is not in `fast` (docs/measurements.md, "Host syncs at
+H1"); `mask_grid_only` builds the same rows with less loader CPU (results/collate_cpu.jsonl).
 """
 
 from __future__ import annotations
@@ -72,6 +73,9 @@ class KernelsConfig:
     """Let the DataLoader pin the pixel tensors too, so their copy to the GPU is asynchronous."""
     vit_host_grid: bool = False
     """Read the ViT's image grid to the host once per forward: attention lengths as ints, no per-layer syncs."""
+    mask_grid_only: bool = False
+    """Data loader: Bridge's assistant loss mask re-renders each sample through the processor for token ids; let
+    those renders compute image grids only (the same masks, no pixel work)."""
 
 
 def env(run: RunConfig) -> dict[str, str]:
@@ -87,5 +91,6 @@ def replacements(run: RunConfig) -> list[str]:
     """The Bridge code paths this run replaces (vlmtrain.train.bridge_patches; shown in the dry-run plan)."""
     k = run.kernels
     chosen = {"rope_te": k.rope == Rope.te, "vit_positions": k.vit_positions == VitPositions.vectorized,
-              "pin_visual_inputs": k.pin_visual_inputs, "vit_host_grid": k.vit_host_grid}
+              "pin_visual_inputs": k.pin_visual_inputs, "vit_host_grid": k.vit_host_grid,
+              "mask_grid_only": k.mask_grid_only}
     return [name for name, on in chosen.items() if on]

@@ -6,7 +6,7 @@ of the same rows gives the shares of the collate's parts: Bridge's assistant los
 which renders each sample's chat template with its images again), the vision preprocessing the row itself needs
 (`process_vision_info`) and the processor's calls overall.
 
-    python benchmarks/collate_cpu.py [--rows 8] [--capacity 12288]   # any machine; CPU only
+    python benchmarks/collate_cpu.py [--rows 8] [--capacity 12288] [overrides]   # any machine; CPU only
 """
 
 from __future__ import annotations
@@ -28,18 +28,21 @@ PARTS = {"assistant_loss_mask": "build_assistant_loss_mask", "vision_inputs": "p
 """Profile entries (pstats' function labels, by substring) whose cumulative time is reported as a share."""
 
 
-def dataset(capacity: int, out: Path, items: int) -> Any:
-    """Bridge's train dataset of the H1 run (`items` long), through the data stage and provider lookup a rank uses."""
+def dataset(capacity: int, out: Path, items: int, overrides: list[str]) -> Any:
+    """Bridge's train dataset of the H1 run (`items` long), through the data stage and provider lookup a rank uses,
+    with the run's code replacements installed as a rank installs them before its loader forks the workers."""
     from megatron.bridge.data.utils import get_dataset_provider
 
     from vlmtrain.build import container, target
     from vlmtrain.config.compose import compose
     from vlmtrain.data import prepare
+    from vlmtrain.train import bridge_patches
 
-    run = compose([*H1, f"data.packing={capacity}"], output_dir=str(out))
+    run = compose([*H1, f"data.packing={capacity}", *overrides], output_dir=str(out))
     prepare.prepare(run)
     cfg = container.build(run)
     target.finalize(run, cfg)
+    bridge_patches.install(run)
     train, _, _ = get_dataset_provider(cfg.dataset)([items, 0, 0], cfg.dataset)
     return train
 
@@ -103,12 +106,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--capacity", type=int, default=12288, help="tokens per packed row (data.packing)")
     ap.add_argument("--results", type=Path, default=root / "results" / "collate_cpu.jsonl")
     ap.add_argument("--out", type=Path, default=root / "outputs" / "collate_cpu")
+    ap.add_argument("overrides", nargs="*", help="on top of H1, e.g. kernels.mask_grid_only=false")
     a = ap.parse_args(argv)
     if a.rows < 3:
         ap.error("--rows must be >= 3: a median needs them")
-    metrics = measure(dataset(a.capacity, a.out, a.rows + 1), a.rows)
-    cmd = "python benchmarks/collate_cpu.py" + (f" --rows {a.rows}" if a.rows != 8 else "") + (
-        f" --capacity {a.capacity}" if a.capacity != 12288 else "")
-    row = results.append(a.results, f"collate-cpu_h1_packed{a.capacity}", cmd, metrics, cpu=cpu_name(), config=H1)
+    metrics = measure(dataset(a.capacity, a.out, a.rows + 1, a.overrides), a.rows)
+    cmd = " ".join(["python benchmarks/collate_cpu.py", *([f"--rows {a.rows}"] if a.rows != 8 else []),
+                    *([f"--capacity {a.capacity}"] if a.capacity != 12288 else []), *a.overrides])
+    name = "_".join([f"collate-cpu_h1_packed{a.capacity}", *(o.replace("=", "-") for o in a.overrides)])
+    row = results.append(a.results, name, cmd, metrics, cpu=cpu_name(), config=[*H1, *a.overrides])
     print(f"[collate_cpu] {row['metrics']}", flush=True)
     return 0
