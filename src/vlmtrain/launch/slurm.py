@@ -134,7 +134,6 @@ class PreemptionRelay:
         self._pid = os.getpid()
 
     def __enter__(self) -> PreemptionRelay:
-        self._pid = os.getpid()
         previous = signal.getsignal(self.sig)
         if callable(previous):
             self._submitit_handler = previous

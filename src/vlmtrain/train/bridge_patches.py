@@ -331,6 +331,10 @@ def install_always() -> None:
     install_sample_ids()
 
 
+SAME_BATCHES = frozenset({"mask_grid_only"})
+"""Replacements in the loader alone: every batch a rank receives is the same tensor for tensor (their tests say so),
+so a preset with them trains what a measured case without them trained."""
+
 INSTALL = {"rope_te": install_rope_te, "vit_positions": install_vit_positions,
            "pin_visual_inputs": install_pin_visual_inputs, "vit_host_grid": install_vit_host_grid,
            "vit_quantized": install_vit_quantized, "mask_grid_only": install_mask_grid_only}
