@@ -207,13 +207,22 @@ def test_resume_runs_no_finished_trial_again(recordings: dict[str, list[dict[str
         search.Search(s, tmp_path, "replay", nothing, 0, 2)
 
 
-def test_budget_ends_the_search_with_the_best_so_far(recordings: dict[str, list[dict[str, Any]]],
-                                                     tmp_path: Path) -> None:
-    state = new_search(tmp_path, Replay(recordings), budget_gpu_s=12 * 60).run()
-    assert state["stopped"]["final"] and state["stopped"]["why"].startswith("budget")
-    assert state["gpu_min"] <= 12 and "finalists" not in {t["stage"] for t in state["trials"].values()}
-    best = max(t["outcome"]["metrics"].get("useful_tokens_per_s_per_gpu", 0) for t in state["trials"].values())
-    assert state["winner"]["screen"] == best and state["winner"]["median"] is None
+def test_budget_ends_the_stages_and_keeps_room_for_the_finalists(recordings: dict[str, list[dict[str, Any]]],
+                                                                 searched: tuple[dict[str, Any], Replay, Path],
+                                                                 tmp_path: Path) -> None:
+    """At 25 GPU-min (the whole search takes more) the stages end where the next trial would eat into the finalists'
+    repeats; the finalists still run both repeats, the winner is their median, and the search stays in the budget."""
+    full, _, _ = searched
+    state = new_search(tmp_path, Replay(recordings), budget_gpu_s=25 * 60).run()
+    assert full["search_gpu_min"] > 25 and not state.get("stopped")
+    assert state["budget"]["stage"] == "batch" and "held for the finalists" in state["budget"]["why"]
+    assert state["search_gpu_min"] <= 25 and len(state["trials"]) < len(full["trials"])
+    assert [len(f["repeats"]) for f in state["finalists"]] == [2, 2]
+    stage_best = max(t["outcome"]["metrics"].get("useful_tokens_per_s_per_gpu", 0) for t in state["trials"].values()
+                     if t["stage"] not in ("finalists", "compare"))
+    assert state["winner"]["screen"] == stage_best and state["winner"]["median"] is not None
+    md = outputs.render(state, "vlmtrain tune (replay)", None)
+    assert "The budget ended the batch stage" in md
 
 
 def test_preset_composes_and_passes_the_dry_run(searched: tuple[dict[str, Any], Replay, Path], tmp_path: Path,
@@ -236,13 +245,14 @@ def test_preset_composes_and_passes_the_dry_run(searched: tuple[dict[str, Any], 
 
 
 def test_default_spec_follows_the_guidance() -> None:
-    """FSDP layouts first, packing capacity (MBS 1) then MBS unpacked, the loader's workers, recompute x graphs
-    together, dispatcher, kernels, precision, 3D last and gated on headroom; layouts that divide, ETP only at TP."""
+    """FSDP layouts and data parallelism alone first, packing capacity (MBS 1) then MBS unpacked, the loader's workers,
+    recompute x graphs together, dispatcher, kernels, precision, 3D last and gated on headroom; layouts that divide,
+    ETP only at TP."""
     s = spec.load("default")
     assert [st.name for st in s.stages] == ["layout", "batch", "input", "recompute_graphs", "dispatcher", "kernels",
                                             "precision", "3d"]
     assert s.stages[2].grids == [{"data.num_workers": [2, 4, 8]}]
-    assert s.stages[0].grids == [{"layout": "fsdp"}] and s.stages[-1].grids == [{"layout": "3d"}]
+    assert s.stages[0].grids == [{"layout": ["fsdp", "dp"]}] and s.stages[-1].grids == [{"layout": "3d"}]
     packed, unpacked = s.stages[1].grids
     assert packed["train.micro_batch_size"] == 1 and all(isinstance(c, int) for c in packed["data.packing"])
     assert unpacked["data.packing"] is False and len(unpacked["train.micro_batch_size"]) > 4
@@ -252,7 +262,7 @@ def test_default_spec_follows_the_guidance() -> None:
     three_d = space.layouts("3d", 8, 8, 128, 48)
     assert "3d-tp2-pp2-vpp2-ep2-etp2" in three_d and "3d-tp2-ep4" in three_d and "3d-pp8-ep2" not in three_d
     assert all(spec.layout_overrides(n)[0] == "parallelism=3d" for n in three_d)
-    assert space.layouts("3d", 1, 1, 128, 4) == ["3d-ep1"]
+    assert space.layouts("3d", 1, 1, 128, 4) == ["3d-ep1"] == space.layouts("dp", 8, 8, 128, 48)
     with pytest.raises(spec.SpecError, match="write <fsdp"):
         spec.layout_overrides("3d-xp2")
 

@@ -59,7 +59,7 @@ def main(args: argparse.Namespace) -> int:
     state = s.run()
     winner = state.get("winner")
     preset = None
-    if winner and state.get("stopped", {}).get("final", True) and not args.plan:
+    if winner and not state.get("stopped") and not args.plan:
         notes = [f"Found by `{command}` ({out}): {winner['name']}, median "
                  f"{winner.get('median') or winner.get('screen'):.0f} useful tokens/s/GPU over "
                  f"{len(winner.get('repeats') or [])} repeat(s) on {results.machine()} (report: {out / 'report.md'})."]
@@ -76,7 +76,7 @@ def main(args: argparse.Namespace) -> int:
             config=[*sp.base, *winner["overrides"]], versus=versus, preset=str(preset), tune_dir=str(out))
     if args.plan:
         return 0
-    if state.get("stopped") and not state["stopped"]["final"]:
+    if state.get("stopped"):
         return PAUSED
     return 0 if winner else 1
 

@@ -94,8 +94,10 @@ def render(state: dict[str, Any], command: str, preset: Path | None) -> str:
              f"Spec `conf/tune/{state['spec']}.yaml`, base `{' '.join(state['base'])}`; {len(state['trials'])} "
              f"trial(s), {state.get('gpu_min', 0):.1f} GPU-min ({_num(state.get('search_gpu_min'), '.1f')} for the "
              "search)."]
+    if state.get("budget"):
+        lines += ["", f"The budget ended the {state['budget']['stage']} stage: {state['budget']['why']}."]
     if state.get("stopped"):
-        lines += ["", f"Stopped early: {state['stopped']['why']}."]
+        lines += ["", f"Paused: {state['stopped']['why']}."]
     if w:
         lines += ["", f"**Winner**: `{w['name']}`: median {_num(w.get('median'))} useful tokens/s/GPU over "
                   f"{len(w.get('repeats') or [])} repeat(s) (screening {_num(w.get('screen'))})"

@@ -1,8 +1,10 @@
 """The staged search of `vlmtrain tune`: each stage varies its knobs on the survivors of the last one, pruned by
 preflight first; trials run through vlmtrain.tune.trials, losers stop early, a ladder knob stops climbing at the
 first value that is slower or fails; then the finalists run again (repeats) and rank by their median useful
-tokens/s/GPU. Every finished trial is kept in `<tune dir>/state.json`, so a re-run with the same command resumes
-without running them again; the GPU-minute budget counts the trials of every invocation.
+tokens/s/GPU, and the winner meets a hand-found configuration in A/B pairs. Every finished trial is kept in
+`<tune dir>/state.json`, so a re-run with the same command resumes without running them again. The GPU-minute
+budget counts the trials of every invocation: the stages end where the next trial would leave too little for the
+finalists' repeats, so a budget always ends with a repeated winner (the comparison is outside it).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ STATE = "state.json"
 
 
 class OutOfTime(Exception):
-    """The budget (final) or this invocation's wall-clock limit (resume later) leaves no room for the next trial."""
+    """The budget (final: the search goes on to what comes after the budget) or this invocation's wall-clock limit
+    (resume later) leaves no room for the next trial."""
 
     def __init__(self, why: str, final: bool):
         super().__init__(why)
@@ -83,15 +86,26 @@ class Search:
         return max((u for u in done if u is not None), default=None)
 
     def _room(self, stage: str) -> None:
-        """Raise OutOfTime when the next trial (as long as the longest so far) would not fit."""
+        """Raise OutOfTime when the next trial (as long as the longest so far) would not fit: in the budget, where a
+        stage's trial also leaves room for the finalists' repeats still to run (each as long as the median trial), or
+        in this invocation's wall time."""
         walls = [t["outcome"]["wall_s"] for t in self.state["trials"].values()]
         need, spent = max(walls, default=0.0), self.spent_gpu_s(compare=False)
-        if stage != "compare" and self.budget_gpu_s is not None and spent + need * self.gpus > self.budget_gpu_s:
+        typical = statistics.median(walls) if walls else 0.0
+        reserve = 0.0 if stage in ("finalists", "compare") else self._finalist_trials_left() * typical * self.gpus
+        if stage != "compare" and self.budget_gpu_s is not None and spent + need * self.gpus + reserve > \
+                self.budget_gpu_s:
+            held = f" and ~{reserve / 60:.1f} held for the finalists" if reserve else ""
             raise OutOfTime(f"budget: {spent / 60:.1f} of {self.budget_gpu_s / 60:.1f} GPU-min spent, the next "
-                            f"trial needs ~{need * self.gpus / 60:.1f}", final=True)
+                            f"trial needs ~{need * self.gpus / 60:.1f}{held}", final=True)
         if self.max_wall_s is not None and time.monotonic() - self.started + need > self.max_wall_s:
             raise OutOfTime("this invocation's --max-wall-min is reached: run the same command again to resume",
                             final=False)
+
+    def _finalist_trials_left(self) -> int:
+        fin = self.spec.get("finalists") or {}
+        done = sum(t["stage"] == "finalists" for t in self.state["trials"].values())
+        return max(0, int(fin.get("count", 2)) * int(fin.get("repeats", 3)) - done)
 
     def trial(self, stage: str, name: str, overrides: list[str], iterations: int, repeat: int = 0,
               early: bool = True) -> trials.Outcome:
@@ -215,9 +229,9 @@ class Search:
         """Winner vs the hand-found configuration in A/B pairs on this machine, the order alternating per pair."""
         if self.versus is None:
             return None
-        fin = self.spec.get("finalists") or {}
-        its, sides = int(fin.get("iterations", 10)), {"tune": [], "hand": []}
-        for r in range(int(fin.get("repeats", 3))):
+        cmp = self.spec.get("compare") or {}
+        its, sides = int(cmp.get("iterations", 10)), {"tune": [], "hand": []}
+        for r in range(int(cmp.get("repeats", 3))):
             order = [("tune", winner["name"], winner["overrides"]), ("hand", "hand", self.versus)]
             for side, name, overrides in order[:: -1 if r % 2 else 1]:
                 out = self.trial("compare", f"{side}_{name}", overrides, its, r, False)
@@ -230,23 +244,32 @@ class Search:
                 "tune_vs_hand": tune / hand, "tune_repeats": sides["tune"], "hand_repeats": sides["hand"]}
 
     def run(self) -> dict[str, Any]:
-        """The whole search; the state it leaves (`stopped` says why it ended before the last stage, if it did)."""
+        """The whole search; the state it leaves (`budget` says where the GPU-minute budget ended the stages or the
+        finalists, `stopped` why this invocation ended before the comparison: run it again to resume)."""
         parents, incumbent = [self.spec.defaults], None
+        self.state.pop("budget", None)
         try:
-            for stage in self.spec.stages:
-                parents, incumbent = self.run_stage(stage, parents, incumbent)
-                self.save()
-            ranked = self.finalists()
+            try:
+                for stage in self.spec.stages:
+                    parents, incumbent = self.run_stage(stage, parents, incumbent)
+                    self.save()
+            except OutOfTime as e:
+                if not e.final:
+                    raise
+                self.state["budget"] = {"stage": self.state["stages"][-1]["name"], "why": str(e)}
+            try:
+                ranked = self.finalists()
+            except OutOfTime as e:
+                if not e.final:
+                    raise
+                self.state["budget"] = {"stage": "finalists", "why": str(e)}
+                ranked = self.ranked()
             self.state["winner"] = ranked[0] if ranked else None
             self.state["search_gpu_min"] = self.spent_gpu_s(compare=False) / 60
             if ranked:
                 self.state["versus"] = self.compare(ranked[0])
-        except OutOfTime as e:
-            self.state["stopped"] = {"why": str(e), "final": e.final}
-            if e.final and "winner" not in self.state:
-                ranked = self.ranked()
-                self.state["winner"] = ranked[0] if ranked else None
-                self.state["search_gpu_min"] = self.spent_gpu_s(compare=False) / 60
+        except OutOfTime as e:  # the wall-clock limit: resume later
+            self.state["stopped"] = {"why": str(e)}
         self.state["gpu_min"] = self.spent_gpu_s() / 60
         self.save()
         return self.state

@@ -1,6 +1,8 @@
 """The candidate space of a search stage for one model and world, pruned before anything runs.
 
-Layouts (`layout: fsdp` or `3d` in a stage's `vary`) are every degree set whose sizes divide: EP divides the
+Layouts (`layout: fsdp`, `dp` or `3d` in a stage's `vary`, alone or in a list) are every degree set whose sizes
+divide: `dp` is data parallelism alone (Megatron's DDP with the distributed optimizer, every model-parallel degree 1:
+`3d-ep1`, so the 3D stage does not run it again), the layout with nothing to tune beside FSDP's; EP divides the
 experts and the ranks of a stage, TP the GPUs of a node, PP the decoder layers, VPP a stage's layers; ETP only at
 ETP = TP, and preflight's `etp_while_ep_fits` then refuses it where EP alone is enough (the guidance: ETP only when
 EP is not enough). A packed candidate (data.packing=<capacity>, MBS 1) trains GBS in rows (`packed_rows`). Each
@@ -21,7 +23,7 @@ from vlmtrain.tune.spec import Spec, Stage
 if TYPE_CHECKING:
     from vlmtrain.config.schema import RunConfig
 
-LAYOUT_KINDS = ("fsdp", "3d")
+LAYOUT_KINDS = ("fsdp", "dp", "3d")
 FLEX = ("hybridep", "deepep")
 """Dispatchers through DeepEP's package (built for the GPU, not on PyPI): pruned where it is not installed."""
 MAX_TP, MAX_PP, VPP = 8, 8, 2
@@ -35,6 +37,8 @@ def layouts(kind: str, world_size: int, gpus_per_node: int, num_experts: int, nu
     """Layout names (vlmtrain.tune.spec.layout_overrides) of one kind for this world and model."""
     if kind == "fsdp":
         return [f"fsdp-ep{ep}" for ep in _divisors(math.gcd(world_size, num_experts))]
+    if kind == "dp":
+        return ["3d-ep1"]
     out = []
     for tp in _divisors(gpus_per_node, min(MAX_TP, gpus_per_node)):
         for pp in _divisors(num_layers, MAX_PP):
@@ -67,9 +71,11 @@ def stage_values(stage: Stage, run: RunConfig, world_size: int, gpus_per_node: i
     for grid in stage.grids:
         varied = {}
         for knob, values in grid.items():
-            if knob == "layout" and values in LAYOUT_KINDS:
-                values = layouts(values, world_size, gpus_per_node, run.model.num_experts, run.model.num_layers)
-            varied[knob] = list(values) if isinstance(values, list) else [values]
+            values = list(values) if isinstance(values, list) else [values]
+            if knob == "layout":
+                values = [n for v in values for n in (layouts(v, world_size, gpus_per_node, run.model.num_experts,
+                                                               run.model.num_layers) if v in LAYOUT_KINDS else [v])]
+            varied[knob] = values
         out.append(varied)
     return out
 

@@ -25,7 +25,7 @@ SPEC_DIR = CONF_DIR / "tune"
 LAYOUT = re.compile(r"^(fsdp|3d)((?:-(?:tp|pp|vpp|cp|ep|etp)\d+)*)$")
 TOP_KEYS = frozenset({"base", "knobs", "defaults", "prefix", "sweeps", "stages", "finalists", "early_stop",
                       "claims", "best", "tie", "mock_pair", "gpus", "iterations", "repeats", "case_s", "results",
-                      "packed", "kernels_best", "packed_rows"})
+                      "packed", "kernels_best", "packed_rows", "compare"})
 MBS, GBS = "train.micro_batch_size", "train.global_batch_size"
 
 
@@ -116,7 +116,7 @@ class Stage:
     name: str
     grids: list[dict[str, Any]]
     """knob -> values, one mapping per grid (`vary`: a mapping, or a list of them whose candidates come in order);
-    for `layout` also `fsdp` or `3d`: every such layout the world allows (vlmtrain.tune.space)."""
+    for `layout` also `fsdp`, `dp` or `3d`: every such layout the world allows (vlmtrain.tune.space)."""
     iterations: int
     keep: int = 1
     """Survivors: the next stage varies its knobs on each of them."""
