@@ -245,18 +245,18 @@ def test_preset_composes_and_passes_the_dry_run(searched: tuple[dict[str, Any], 
 
 
 def test_default_spec_follows_the_guidance() -> None:
-    """FSDP layouts and data parallelism alone first, packing capacity (MBS 1) then MBS unpacked, the loader's workers,
-    recompute x graphs together, dispatcher, kernels, precision, 3D last and gated on headroom; layouts that divide,
-    ETP only at TP."""
+    """On the base's layout (FSDP) packing capacity (MBS 1) then MBS unpacked, then FSDP's layouts and data
+    parallelism alone, the loader's workers, recompute x graphs together, dispatcher, kernels, precision, 3D last and
+    gated on headroom; layouts that divide, ETP only at TP."""
     s = spec.load("default")
-    assert [st.name for st in s.stages] == ["layout", "batch", "input", "recompute_graphs", "dispatcher", "kernels",
+    assert [st.name for st in s.stages] == ["batch", "layout", "input", "recompute_graphs", "dispatcher", "kernels",
                                             "precision", "3d"]
     assert s.stages[2].grids == [{"data.num_workers": [2, 4, 8]}]
-    assert s.stages[0].grids == [{"layout": ["fsdp", "dp"]}] and s.stages[-1].grids == [{"layout": "3d"}]
-    packed, unpacked = s.stages[1].grids
+    assert s.stages[1].grids == [{"layout": ["fsdp", "dp"]}] and s.stages[-1].grids == [{"layout": "3d"}]
+    packed, unpacked = s.stages[0].grids
     assert packed["train.micro_batch_size"] == 1 and all(isinstance(c, int) for c in packed["data.packing"])
     assert unpacked["data.packing"] is False and len(unpacked["train.micro_batch_size"]) > 4
-    assert s.stages[-1].gate and s.stages[1].ladder == ("data.packing", "train.micro_batch_size")
+    assert s.stages[-1].gate and s.stages[0].ladder == ("data.packing", "train.micro_batch_size")
     assert s.stages[3].knobs == ["recompute", "cuda_graph"] and s.get("packed_rows")["tokens_per_sample"] > 0
     assert space.layouts("fsdp", 8, 8, 128, 48) == ["fsdp-ep1", "fsdp-ep2", "fsdp-ep4", "fsdp-ep8"]
     three_d = space.layouts("3d", 8, 8, 128, 48)
@@ -276,10 +276,11 @@ def test_h1_batch_stage_prunes_by_the_capacity() -> None:
     estimate fits, each at MBS 1 with the base's 48 samples as rows, and prunes the rest before anything runs."""
     s = spec.load("default")
     s.base = [*s.base, *H1]
-    space.fill_defaults(s)
+    space.fill_defaults(s, 1)
+    assert s.defaults["layout"] == "fsdp-ep1" and s.defaults["data.num_workers"] == 2
     run = space.placed(s.base, 1)
-    batch = s.stages[1]
-    cands = space.prune(s, space.candidates(s, [{**s.defaults, "layout": "fsdp-ep1"}],
+    batch = s.stages[0]
+    cands = space.prune(s, space.candidates(s, [s.defaults],
                                             space.stage_values(batch, run, 1, 1)), 1)
     live = {c.values["data.packing"]: c.overrides for c in cands if not c.pruned and c.values["data.packing"]}
     assert {cap: [o for o in ov if o.startswith("train.global")] for cap, ov in live.items()} == {

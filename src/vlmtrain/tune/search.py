@@ -56,7 +56,7 @@ class Search:
         if self.state and self.state.get("base") != self.spec.base:
             raise ValueError(f"{path} holds a search of other overrides ({' '.join(self.state['base'])}): "
                              "resume with the same command, or give another --dir")
-        space.fill_defaults(self.spec)
+        space.fill_defaults(self.spec, self.node_gpus)
         self.state.update(name=self.name, spec=self.spec.name, base=self.spec.base, gpus=self.gpus)
         self.state.setdefault("trials", {})
         self.state["stages"], self.state["finalists"] = [], []

@@ -158,17 +158,30 @@ def prune(spec: Spec, cands: list[Candidate], node_gpus: int) -> list[Candidate]
     return cands
 
 
-def fill_defaults(spec: Spec) -> None:
-    """A knob's null default becomes what the base overrides compose to (the group's option, the field's value),
-    so a stage's candidate that keeps it is the same trial as its parent; `layout` stays unset until a stage sets
-    it, a knob of named options stays off."""
+def layout_name(run: RunConfig) -> str:
+    """The layout a composed run trains with, named as `layouts` names them (`fsdp-ep8`, `3d-tp2-ep4`)."""
+    from vlmtrain.config.world import layout
+
+    lay = layout(run)
+    parts = [f"tp{lay.tp}" * (lay.tp > 1), f"pp{lay.pp}" * (lay.pp > 1), f"vpp{lay.vpp}" if lay.vpp else "",
+             f"cp{lay.cp}" * (lay.cp > 1), f"ep{lay.ep}", f"etp{lay.etp}" * (lay.etp > 1)]
+    return "-".join([run.parallelism.kind, *(p for p in parts if p)])
+
+
+def fill_defaults(spec: Spec, node_gpus: int = 0) -> None:
+    """A knob's null default becomes what the base overrides compose to on the world they run on (the group's
+    option, the field's value, the layout's name), so a stage's candidate that keeps it is the same trial as its
+    parent; a knob of named options stays off."""
     from omegaconf import OmegaConf
 
-    from vlmtrain.config.compose import compose
     from vlmtrain.config.groups import CHOSEN
 
-    run = compose(spec.base)
+    run = placed(spec.base, node_gpus)
     tree = OmegaConf.structured(run)
     for key, value in spec.defaults.items():
-        if value is None and key != "layout" and spec.knobs[key].options is None:
+        if value is not None or spec.knobs[key].options is not None:
+            continue
+        if key == "layout":
+            spec.defaults[key] = layout_name(run)
+        else:
             spec.defaults[key] = run.choices.get(key) if key in CHOSEN else OmegaConf.select(tree, key)
