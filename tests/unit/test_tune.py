@@ -211,9 +211,18 @@ def test_budget_ends_the_stages_and_keeps_room_for_the_finalists(recordings: dic
                                                                  searched: tuple[dict[str, Any], Replay, Path],
                                                                  tmp_path: Path) -> None:
     """At 25 GPU-min (the whole search takes more) the stages end where the next trial would eat into the finalists'
-    repeats; the finalists still run both repeats, the winner is their median, and the search stays in the budget."""
+    repeats; the finalists still run both repeats, the winner is their median, and the search stays in the budget.
+    The same command again runs nothing, even where the finalists took less than the room held for them (as on the
+    GPU, where later trials start faster): their repeats count as spent, so the stages the budget ended stay ended."""
     full, _, _ = searched
     state = new_search(tmp_path, Replay(recordings), budget_gpu_s=25 * 60).run()
+    saved = json.loads((tmp_path / search.STATE).read_text())
+    for t in saved["trials"].values():
+        t["outcome"]["wall_s"] *= 0.5 if t["stage"] == "finalists" else 1
+    (tmp_path / search.STATE).write_text(json.dumps(saved))
+    again = Replay(recordings)
+    assert new_search(tmp_path, again, budget_gpu_s=25 * 60).run()["trials"].keys() == state["trials"].keys()
+    assert again.launched == []
     assert full["search_gpu_min"] > 25 and not state.get("stopped")
     assert state["budget"]["stage"] == "batch" and "held for the finalists" in state["budget"]["why"]
     assert state["search_gpu_min"] <= 25 and len(state["trials"]) < len(full["trials"])
@@ -223,6 +232,7 @@ def test_budget_ends_the_stages_and_keeps_room_for_the_finalists(recordings: dic
     assert state["winner"]["screen"] == stage_best and state["winner"]["median"] is not None
     md = outputs.render(state, "vlmtrain tune (replay)", None)
     assert "The budget ended the batch stage" in md
+    assert outputs.winner_figure(state) == (state["winner"]["median"], "median of 2 finalist repeat(s)")
 
 
 def test_preset_composes_and_passes_the_dry_run(searched: tuple[dict[str, Any], Replay, Path], tmp_path: Path,
@@ -246,18 +256,18 @@ def test_preset_composes_and_passes_the_dry_run(searched: tuple[dict[str, Any], 
 
 def test_default_spec_follows_the_guidance() -> None:
     """On the base's layout (FSDP) packing capacity (MBS 1) then MBS unpacked, then FSDP's layouts and data
-    parallelism alone, the loader's workers, recompute x graphs together, dispatcher, kernels, precision, 3D last and
+    parallelism alone, the loader's workers, kernels, recompute x graphs together, dispatcher, precision, 3D last and
     gated on headroom; layouts that divide, ETP only at TP."""
     s = spec.load("default")
-    assert [st.name for st in s.stages] == ["batch", "layout", "input", "recompute_graphs", "dispatcher", "kernels",
-                                            "precision", "3d"]
+    assert [st.name for st in s.stages] == ["batch", "layout", "input", "kernels", "recompute_graphs",
+                                            "dispatcher", "precision", "3d"]
     assert s.stages[2].grids == [{"data.num_workers": [2, 4, 8]}]
     assert s.stages[1].grids == [{"layout": ["fsdp", "dp"]}] and s.stages[-1].grids == [{"layout": "3d"}]
     packed, unpacked = s.stages[0].grids
     assert packed["train.micro_batch_size"] == 1 and all(isinstance(c, int) for c in packed["data.packing"])
     assert unpacked["data.packing"] is False and len(unpacked["train.micro_batch_size"]) > 4
     assert s.stages[-1].gate and s.stages[0].ladder == ("data.packing", "train.micro_batch_size")
-    assert s.stages[3].knobs == ["recompute", "cuda_graph"] and s.get("packed_rows")["tokens_per_sample"] > 0
+    assert s.stages[4].knobs == ["recompute", "cuda_graph"] and s.get("packed_rows")["tokens_per_sample"] > 0
     assert space.layouts("fsdp", 8, 8, 128, 48) == ["fsdp-ep1", "fsdp-ep2", "fsdp-ep4", "fsdp-ep8"]
     three_d = space.layouts("3d", 8, 8, 128, 48)
     assert "3d-tp2-pp2-vpp2-ep2-etp2" in three_d and "3d-tp2-ep4" in three_d and "3d-pp8-ep2" not in three_d

@@ -59,10 +59,10 @@ def main(args: argparse.Namespace) -> int:
     state = s.run()
     winner = state.get("winner")
     preset = None
+    useful, what = outputs.winner_figure(state)
     if winner and not state.get("stopped") and not args.plan:
-        notes = [f"Found by `{command}` ({out}): {winner['name']}, median "
-                 f"{winner.get('median') or winner.get('screen'):.0f} useful tokens/s/GPU over "
-                 f"{len(winner.get('repeats') or [])} repeat(s) on {results.machine()} (report: {out / 'report.md'})."]
+        notes = [f"Found by `{command}` ({out}): {winner['name']}, {useful:.0f} useful tokens/s/GPU, {what}, "
+                 f"on {results.machine()} (report: {out / 'report.md'})."]
         preset = outputs.write_preset((args.preset_dir or CONF_DIR / "experiment") / f"{name}.yaml",
                                       [*sp.base, *winner["overrides"]], notes)
     paths = outputs.write(state, out, command, preset)
@@ -70,10 +70,11 @@ def main(args: argparse.Namespace) -> int:
     if args.results and winner and preset:
         v = state.get("versus") or {}
         results.append(args.results, f"tune_{name}", command, {
-            "winner_useful_tokens_per_s_per_gpu": winner.get("median"), **v, "gpu_min": state["search_gpu_min"],
+            "winner_useful_tokens_per_s_per_gpu": useful, **v, "gpu_min": state["search_gpu_min"],
             "gpu_min_with_comparison": state["gpu_min"], "trials": len(state["trials"]),
             "pruned": sum(len(st["pruned"]) for st in state["stages"])},
-            config=[*sp.base, *winner["overrides"]], versus=versus, preset=str(preset), tune_dir=str(out))
+            config=[*sp.base, *winner["overrides"]], winner_figure=what, versus=versus, preset=str(preset),
+            tune_dir=str(out))
     if args.plan:
         return 0
     if state.get("stopped"):

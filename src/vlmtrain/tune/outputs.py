@@ -5,6 +5,7 @@ report.csv (one row per trial) and plots (vlmtrain.report.plots over the trials'
 from __future__ import annotations
 
 import csv
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -42,12 +43,25 @@ def preset_tree(overrides: list[str]) -> tuple[list[dict[str, str]], dict[str, A
 def write_preset(path: Path, overrides: list[str], notes: list[str]) -> Path:
     """conf/experiment/<name>.yaml: `# @package _global_`, its run line, `notes` as comments, then the config."""
     defaults, tree = preset_tree(overrides)
-    head = ["# @package _global_", f"# python train.py experiment={path.stem}", *(f"# {n}" for n in notes)]
+    head = ["# @package _global_", f"# python train.py experiment={path.stem}",
+            *(f"# {line}" for n in notes for line in textwrap.wrap(n, 116, break_on_hyphens=False))]
     body = yaml.safe_dump({"defaults": defaults, **tree} if defaults else tree, sort_keys=False,
                           default_flow_style=None, width=118)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(head) + "\n" + body)
     return path
+
+
+def winner_figure(state: dict[str, Any]) -> tuple[float | None, str]:
+    """The winner's useful tokens/s/GPU and what it is: the median of its finalist repeats; where the budget left it
+    none, the median of its runs in the comparison, else its one screening run."""
+    w, v = state.get("winner") or {}, state.get("versus") or {}
+    if w.get("median") is not None:
+        return w["median"], f"median of {len(w['repeats'])} finalist repeat(s)"
+    if v.get("tune_repeats"):
+        return v["tune_useful_tokens_per_s_per_gpu"], (f"median of its {len(v['tune_repeats'])} comparison runs; "
+                                                       "no finalist repeat fit the budget")
+    return w.get("screen"), "its one screening run; no repeat fit the budget"
 
 
 def _num(x: Any, fmt: str = ".0f") -> str:
@@ -99,9 +113,9 @@ def render(state: dict[str, Any], command: str, preset: Path | None) -> str:
     if state.get("stopped"):
         lines += ["", f"Paused: {state['stopped']['why']}."]
     if w:
-        lines += ["", f"**Winner**: `{w['name']}`: median {_num(w.get('median'))} useful tokens/s/GPU over "
-                  f"{len(w.get('repeats') or [])} repeat(s) (screening {_num(w.get('screen'))})"
-                  + (f"; preset `{preset}`" if preset else "") + "."]
+        useful, what = winner_figure(state)
+        lines += ["", f"**Winner**: `{w['name']}`: {_num(useful)} useful tokens/s/GPU, {what} (screening "
+                  f"{_num(w.get('screen'))})" + (f". Preset `{preset}`" if preset else "") + "."]
     if v:
         lines += ["", f"Against the hand-found configuration on the same machine (A/B pairs): tune "
                   f"{v['tune_useful_tokens_per_s_per_gpu']:.0f} / hand {v['hand_useful_tokens_per_s_per_gpu']:.0f} = "

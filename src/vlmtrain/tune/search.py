@@ -87,12 +87,13 @@ class Search:
 
     def _room(self, stage: str) -> None:
         """Raise OutOfTime when the next trial (as long as the longest so far) would not fit: in the budget, where a
-        stage's trial also leaves room for the finalists' repeats still to run (each as long as the median trial), or
-        in this invocation's wall time."""
+        stage's trial also leaves room for every finalist repeat (each as long as the median trial; repeats already
+        run count as spent, since a new stage trial can change the finalists: a resumed search whose finalists ran
+        does not reopen the stages the budget ended), or in this invocation's wall time."""
         walls = [t["outcome"]["wall_s"] for t in self.state["trials"].values()]
         need, spent = max(walls, default=0.0), self.spent_gpu_s(compare=False)
         typical = statistics.median(walls) if walls else 0.0
-        reserve = 0.0 if stage in ("finalists", "compare") else self._finalist_trials_left() * typical * self.gpus
+        reserve = 0.0 if stage in ("finalists", "compare") else self._finalist_trials() * typical * self.gpus
         if stage != "compare" and self.budget_gpu_s is not None and spent + need * self.gpus + reserve > \
                 self.budget_gpu_s:
             held = f" and ~{reserve / 60:.1f} held for the finalists" if reserve else ""
@@ -102,10 +103,9 @@ class Search:
             raise OutOfTime("this invocation's --max-wall-min is reached: run the same command again to resume",
                             final=False)
 
-    def _finalist_trials_left(self) -> int:
+    def _finalist_trials(self) -> int:
         fin = self.spec.get("finalists") or {}
-        done = sum(t["stage"] == "finalists" for t in self.state["trials"].values())
-        return max(0, int(fin.get("count", 2)) * int(fin.get("repeats", 3)) - done)
+        return int(fin.get("count", 2)) * int(fin.get("repeats", 3))
 
     def trial(self, stage: str, name: str, overrides: list[str], iterations: int, repeat: int = 0,
               early: bool = True) -> trials.Outcome:
