@@ -279,6 +279,20 @@ TABLE: list[tuple[list[str], dict[str, object]]] = [
             "data_parallel_size": 64,
         },
     ),
+    (  # written by `vlmtrain tune` on one H200 (benchmarks/README.md): DP alone, packed rows, fast kernels
+        ["experiment=tune_h1"],
+        {
+            "model.expert_model_parallel_size": 1,
+            "ddp.use_megatron_fsdp": False,
+            "data_parallel_size": 1,
+            "model.seq_length": 12288,
+            "model.num_layers": 4,
+            "train.global_batch_size": 4,
+            "model.moe_router_fusion": True,
+            "model.moe_token_dispatcher_type": "alltoall",
+            "env_vars.NVTE_USE_CUTLASS_GROUPED_GEMM": "1",
+        },
+    ),
 ]
 
 
