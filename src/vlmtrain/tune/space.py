@@ -33,12 +33,19 @@ def _divisors(n: int, limit: int | None = None) -> list[int]:
     return [d for d in range(1, (limit or n) + 1) if n % d == 0]
 
 
+def _name(kind: str, tp: int = 1, pp: int = 1, vpp: int | None = None, cp: int = 1, ep: int = 1, etp: int = 1) -> str:
+    """A layout's name (vlmtrain.tune.spec.layout_overrides): the kind, then each degree above 1 (EP always)."""
+    parts = [f"tp{tp}" * (tp > 1), f"pp{pp}" * (pp > 1), f"vpp{vpp}" if vpp else "", f"cp{cp}" * (cp > 1), f"ep{ep}",
+             f"etp{etp}" * (etp > 1)]
+    return "-".join([kind, *(p for p in parts if p)])
+
+
 def layouts(kind: str, world_size: int, gpus_per_node: int, num_experts: int, num_layers: int) -> list[str]:
     """Layout names (vlmtrain.tune.spec.layout_overrides) of one kind for this world and model."""
     if kind == "fsdp":
-        return [f"fsdp-ep{ep}" for ep in _divisors(math.gcd(world_size, num_experts))]
+        return [_name("fsdp", ep=ep) for ep in _divisors(math.gcd(world_size, num_experts))]
     if kind == "dp":
-        return ["3d-ep1"]
+        return [_name("3d")]
     out = []
     for tp in _divisors(gpus_per_node, min(MAX_TP, gpus_per_node)):
         for pp in _divisors(num_layers, MAX_PP):
@@ -47,9 +54,7 @@ def layouts(kind: str, world_size: int, gpus_per_node: int, num_experts: int, nu
             vpps = [None] + ([VPP] if pp > 1 and (num_layers // pp) % VPP == 0 else [])
             for vpp, etp in itertools.product(vpps, sorted({1, tp})):
                 for ep in _divisors(math.gcd(world_size // (pp * etp), num_experts)):
-                    parts = [f"tp{tp}" * (tp > 1), f"pp{pp}" * (pp > 1), f"vpp{vpp}" if vpp else "", f"ep{ep}",
-                             f"etp{etp}" * (etp > 1)]
-                    out.append("-".join(["3d", *(p for p in parts if p)]))
+                    out.append(_name("3d", tp, pp, vpp, ep=ep, etp=etp))
     return out
 
 
@@ -163,9 +168,7 @@ def layout_name(run: RunConfig) -> str:
     from vlmtrain.config.world import layout
 
     lay = layout(run)
-    parts = [f"tp{lay.tp}" * (lay.tp > 1), f"pp{lay.pp}" * (lay.pp > 1), f"vpp{lay.vpp}" if lay.vpp else "",
-             f"cp{lay.cp}" * (lay.cp > 1), f"ep{lay.ep}", f"etp{lay.etp}" * (lay.etp > 1)]
-    return "-".join([run.parallelism.kind, *(p for p in parts if p)])
+    return _name(run.parallelism.kind, lay.tp, lay.pp, lay.vpp, lay.cp, lay.ep, lay.etp)
 
 
 def fill_defaults(spec: Spec, node_gpus: int = 0) -> None:
