@@ -3,6 +3,7 @@ from the model config), median of >= 3 timed repeats with min-max -> results/per
 
     python benchmarks/matmul_ceiling.py [--repeats 5]   # GPU
     python benchmarks/matmul_ceiling.py --list          # CPU: the shapes only
+    python benchmarks/matmul_ceiling.py --towers LEASE  # CPU: that lease's towers-vs-ceiling row again
 
 The code is vlmtrain.observe.bench.ceiling (its docstring, or --help, says the rest).
 """

@@ -50,3 +50,32 @@ def test_one_torchrun_process_per_run() -> None:
     cmd = bridge_recipe.command(Path("outputs/x/run0"), ROOT / "benchmarks" / "bridge_recipe_h1.py")
     assert cmd[1:4] == ["-m", "torch.distributed.run", "--nproc-per-node=1"]
     assert cmd[-3:] == [str(ROOT / "benchmarks" / "bridge_recipe_h1.py"), bridge_recipe.RANK_FLAG, "outputs/x/run0"]
+
+
+def test_the_peer_counts_bridge_s_own_micro_batches(tmp_path: Path) -> None:
+    """The recipe's dataset, built by Bridge from the realistic files, collates a micro-batch of MBS 2 (unpacked: its
+    step packs); vlmtrain's counters read its real tokens, images and FLOPs as they read vlmtrain's own batches."""
+    from contextlib import nullcontext
+
+    from megatron.bridge.data.builders.direct_hf_sft import direct_hf_sft_train_valid_test_datasets_provider
+
+    from vlmtrain.build import target
+    from vlmtrain.observe import flops
+    from vlmtrain.train.step_counters import StepCounters
+
+    run = bridge_recipe.h1_run(tmp_path / "run")
+    cfg = bridge_recipe.recipe_config(run)
+    target.finalize(run, cfg)
+    train, valid, test = direct_hf_sft_train_valid_test_datasets_provider([4, 0, 0], cfg.dataset)
+    assert valid is None and test is None
+    batch = train.collate_fn([train[0], train[1]])
+    counters = StepCounters(run, nullcontext)
+    counters.image_token_id = cfg.model.image_token_id
+    counters.count(batch)
+    t, lengths = counters.totals, batch["attention_mask"].sum(dim=1).tolist()
+    assert t["samples"] == 2 and t["nonpad_tokens"] == sum(lengths) < t["padded_tokens"] == batch["input_ids"].numel()
+    assert [s["len"] for s in counters.samples] == lengths
+    assert 0 < t["image_tokens"] < t["nonpad_tokens"] and t["images"] == len(batch["visual_inputs"].image_grid_thw)
+    assert t["vit_patches"] == 4 * t["image_tokens"]  # 2x2 merge: every patch reached the decoder as an image token
+    fl = flops.step_flops(run, counters.samples)
+    assert fl.vit > 0 and fl.projector > 0 and fl.decoder > 0

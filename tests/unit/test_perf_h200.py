@@ -6,6 +6,7 @@ at 4 decoder layers (tests/fixtures/precision_h200, from benchmarks/precision_h2
 
 from __future__ import annotations
 
+import json
 import shutil
 import statistics
 from pathlib import Path
@@ -221,6 +222,13 @@ def test_vs_bridge_recipe_pairs_one_lease(tmp_path: Path) -> None:
     assert row["metrics"]["vs_bridge_recipe"] == pytest.approx(ours / theirs)
     assert row["metrics"]["vlmtrain_case"] == h1 and row["metrics"]["bridge_recipe_runs"] == 3
     assert repeats.done(path, h1, lease) == 1 and repeats.done(path, h1, "lease-cccc") == 0
+    # a frozen-vision case, faster than h1 here, is reported apart: the peer trains every tower
+    (frozen,) = PERF.expand(["h1_frozen"])
+    faster = results.summarize(RUNS[0], keys=results.SUMMARY_KEYS)
+    assert faster["useful_tokens_per_s_per_gpu"] > ours and "vision=frozen" in case_overrides(frozen)
+    results.append(path, frozen.name, "python train.py ...", faster, lease=lease, run=0, config=case_overrides(frozen))
+    repeats.append_summary(path, frozen.name, lease, "cmd")
+    assert results.read_jsonl(path)[-1]["metrics"]["vlmtrain_case"] == h1
 
 
 def test_ceiling_shapes_come_from_the_model_config(capsys: pytest.CaptureFixture[str]) -> None:
@@ -238,3 +246,53 @@ def test_ceiling_shapes_come_from_the_model_config(capsys: pytest.CaptureFixture
     assert ceiling.main(["--list"]) == 0 and "experts_fc2_batched" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         ceiling.main(["--repeats", "2", "--list"])
+
+
+def test_towers_vs_ceiling_describes_the_best_full_training_case() -> None:
+    """Replayed from the rows one H200 lease recorded (ceiling rows, H1 summaries with and without frozen vision): each
+    tower's rate is its MFU x peak over its own GEMMs' measured rate, for the fastest case that trains every tower."""
+    rows, lease, peak = results.read_jsonl(ROOT / "results" / "perf_h200.jsonl"), "lease-0eb4da4d", 989.0
+    cases = repeats.summaries(rows, lease)
+    frozen = [n for n, r in cases.items() if not repeats.trains_every_tower(r)]
+    best, summary = repeats.best_h1(rows, lease)
+    assert frozen and all(cases[n]["metrics"][repeats.USEFUL] > summary["metrics"][repeats.USEFUL] for n in frozen)
+    m = ceiling.towers_vs_ceiling(rows, lease, peak)
+    assert m is not None and m["case"] == best not in frozen
+    for tower, ceil in ceiling.tower_ceilings(rows, lease).items():
+        assert m[f"{tower}_tflops_per_s"] == pytest.approx(summary["metrics"][f"mfu_{tower}"] * peak)
+        assert m[f"{tower}_fraction_of_gemm_ceiling"] == pytest.approx(m[f"{tower}_tflops_per_s"] / ceil)
+        assert 0 < m[f"{tower}_fraction_of_gemm_ceiling"] < 1
+    assert ceiling.towers_vs_ceiling(rows, "lease-none", peak) is None
+
+
+def test_report_pairs_claims_and_ranks_cases_within_one_lease(tmp_path: Path) -> None:
+    """From the recorded one-H200 rows: a claim is the ratio of its two cases' medians on the latest lease both ran on
+    (h1 also ran alone on other leases, whose figures differ by more than the claims do); frozen-vision summaries
+    stand in their own table; a claim whose sides never shared a lease says so."""
+    path = ROOT / "results" / "perf_h200.jsonl"
+    rows = results.read_jsonl(path)
+    md = bench_report.report(PERF, path, f"{ENTRY} --report")
+    h1, both, timing0 = (PERF.case(c).name for c in (
+        {"experiment": "perf_h200x2_best", "layout": "3d-ep1", "data.packing": 12288, "train.global_batch_size": 4},
+        {"experiment": "perf_h200x2_best", "layout": "3d-ep1", "data.packing": 12288, "train.global_batch_size": 4,
+         "syncs": "host-grid+timing0"},
+        {"experiment": "perf_h200x2_best", "layout": "3d-ep1", "data.packing": 12288, "train.global_batch_size": 4,
+         "syncs": "timing0"}))
+
+    def median(name: str, lease: str) -> float:
+        return statistics.median(r["metrics"][repeats.USEFUL] for r in repeats.runs(rows, name, lease))
+
+    for what, a, lease in (("ViT grid on the host and timing level 0", both, "lease-2b3014ae"),
+                           ("timing level 0", timing0, "lease-0eb4da4d")):
+        line = next(x for x in md.splitlines() if x.startswith(f"| {what} |"))
+        assert line.split(" | ")[1] == f"{median(a, lease) / median(h1, lease):.2f}", line
+    assert median(h1, "lease-b64c7526") / median(h1, "lease-0eb4da4d") > 1.1  # what a cross-lease pair would carry
+    full, frozen = md.split("## Repeated cases, frozen vision")
+    assert "vision-frozen" not in full.split("## Repeated cases, full training")[1]
+    assert "vision-frozen" in frozen.split("\n\n- ")[0]
+    apart = (h1, h1 + repeats.SUMMARY_SUFFIX)  # h1 left only on leases the host-grid + timing0 case did not run on
+    moved = [r for r in rows if not (r["name"] in apart and r.get("lease") == "lease-2b3014ae")]
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps(r) + "\n" for r in moved))
+    line = next(x for x in bench_report.report(PERF, tmp_path / "p.jsonl", ENTRY).splitlines()
+                if x.startswith("| ViT grid on the host and timing level 0 |"))
+    assert "not measured on one lease" in line

@@ -44,7 +44,7 @@ def _cases(latest: dict[str, dict[str, Any]], ok: dict[str, dict[str, Any]]) -> 
                   "| case | step_s | useful tok/s/GPU | MFU | peak GiB | useful fraction | ViT / decoder s | note |",
                   "|---|---|---|---|---|---|---|---|"]
         for n, m in sorted(ok.items(), key=lambda kv: -kv[1]["useful_tokens_per_s_per_gpu"]):
-            if ("_frozen_" in n) != frozen:
+            if reps.trains_every_tower(latest[n]) == frozen:
                 continue
             note = ("exit 1 after training (see row)" if latest[n].get("rc") else
                     "rates are medians of per-step rates (run files lost)" if "rates" in latest[n] else
@@ -53,6 +53,22 @@ def _cases(latest: dict[str, dict[str, Any]], ok: dict[str, dict[str, Any]]) -> 
             lines.append(f"| {n} | {m['step_s']:.2f} | {m['useful_tokens_per_s_per_gpu']:.0f} | {m['mfu']:.1%} | "
                          f"{m['peak_mem_gib']:.0f} | {m['nonpad_fraction']:.1%} | {split} | {note} |")
     return lines
+
+
+def _sides(rows: list[dict[str, Any]], latest: dict[str, dict[str, Any]], ok: dict[str, dict[str, Any]], a: str,
+           b: str) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]] | None:
+    """A claim's two sides from one machine lease: the medians of the latest lease where both have runs (repeated
+    cases), else the latest rows when neither names a lease (one sweep's rows); None when they ran on different
+    leases only (a ratio across leases carries the lease's own spread)."""
+    leases = [r["lease"] for r in rows if r["name"] == a and "lease" in r]
+    for lease in reversed(dict.fromkeys(leases)):
+        ra, rb = reps.runs(rows, a, lease), reps.runs(rows, b, lease)
+        if ra and rb:
+            a_m, b_m = (reps.summary_metrics(x) | {"first_loss": x[-1]["metrics"].get("first_loss")} for x in (ra, rb))
+            return a_m, b_m, ra, rb
+    if "lease" in latest[a] or "lease" in latest[b]:
+        return None
+    return ok[a], ok[b], repeats(rows, a), repeats(rows, b)
 
 
 def _claims(spec: Spec, rows: list[dict[str, Any]], latest: dict[str, dict[str, Any]],
@@ -65,14 +81,18 @@ def _claims(spec: Spec, rows: list[dict[str, Any]], latest: dict[str, dict[str, 
     for what, a, b in claims(spec):
         if any("rates" in latest.get(n, {}) for n in (a, b)):
             what += " (one side's rates are medians of per-step rates)"
-        if a in ok and b in ok:
-            useful = ok[a]["useful_tokens_per_s_per_gpu"] / ok[b]["useful_tokens_per_s_per_gpu"]
-            ra, rb = repeats(rows, a), repeats(rows, b)
+        sides = _sides(rows, latest, ok, a, b) if a in ok and b in ok else None
+        if sides is not None:
+            ma, mb, ra, rb = sides
+            useful = ma["useful_tokens_per_s_per_gpu"] / mb["useful_tokens_per_s_per_gpu"]
             per = [x["metrics"]["useful_tokens_per_s_per_gpu"] / y["metrics"]["useful_tokens_per_s_per_gpu"]
                    for x, y in zip(ra, rb, strict=False)] if len(ra) == len(rb) > 1 else []
-            lines.append(f"| {what} | {useful:.2f} | {ok[a]['step_s'] / ok[b]['step_s']:.2f} | "
-                         f"{ok[a]['first_loss']:.4f}, {ok[b]['first_loss']:.4f} | "
+            lines.append(f"| {what} | {useful:.2f} | {ma['step_s'] / mb['step_s']:.2f} | "
+                         f"{ma['first_loss']:.4f}, {mb['first_loss']:.4f} | "
                          f"{', '.join(f'{x:.2f}' for x in per)} |")
+        elif a in ok and b in ok:
+            lines.append(f"| {what} | not measured on one lease: {a} on {latest[a].get('lease')}, {b} on "
+                         f"{latest[b].get('lease')} | | | |")
         else:
             lines.append(f"| {what} | not measured: {', '.join(n for n in (a, b) if n not in ok)} | | | |")
     return lines
@@ -89,18 +109,27 @@ def _repeated(rows: list[dict[str, Any]]) -> list[str]:
     def cell(m: dict[str, Any], key: str, fmt: str) -> str:
         return f"{m[key]:{fmt}} ({m[key + '_min']:{fmt}}-{m[key + '_max']:{fmt}})" if key in m else "-"
 
-    lines = ["", "## Repeated cases: median (min-max) over the runs of one machine lease", "",
-             "| case | lease | runs | useful tok/s/GPU | MFU | step_s | peak GiB | MFU ViT / projector / decoder |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in sorted(summaries, key=lambda r: (r["lease"], -r["metrics"][reps.USEFUL])):
-        m = r["metrics"]
-        towers = " / ".join(f"{m[k]:.1%}" if k in m else "-" for k in ("mfu_vit", "mfu_projector", "mfu_decoder"))
-        lines.append(f"| {r['case']} | {r['lease']} | {m['runs']} | {cell(m, reps.USEFUL, '.0f')} | "
-                     f"{cell(m, 'mfu', '.1%')} | {cell(m, 'step_s', '.2f')} | {cell(m, 'peak_mem_gib', '.0f')} | "
-                     f"{towers} |")
+    lines: list[str] = []
+    for title, frozen in (("full training", False), ("frozen vision (compare with frozen rows only)", True)):
+        lines = [*lines, "", f"## Repeated cases, {title}: median (min-max) over the runs of one machine lease", "",
+                 "| case | lease | runs | useful tok/s/GPU | MFU | step_s | peak GiB | MFU ViT / projector / decoder |",
+                 "|---|---|---|---|---|---|---|---|"]
+        for r in sorted(summaries, key=lambda r: (r["lease"], -r["metrics"][reps.USEFUL])):
+            if reps.trains_every_tower(r) == frozen:
+                continue
+            m = r["metrics"]
+            towers = " / ".join(f"{m[k]:.1%}" if k in m else "-" for k in ("mfu_vit", "mfu_projector", "mfu_decoder"))
+            lines.append(f"| {r['case']} | {r['lease']} | {m['runs']} | {cell(m, reps.USEFUL, '.0f')} | "
+                         f"{cell(m, 'mfu', '.1%')} | {cell(m, 'step_s', '.2f')} | {cell(m, 'peak_mem_gib', '.0f')} | "
+                         f"{towers} |")
     lines.append("")
+    # one line per ceiling row; the peer ratio and the towers row as of their lease's latest (a later H1 summary
+    # on the lease writes them again)
+    last = {(r["name"], r.get("lease")): r for r in rows if "superseded" not in r}
     for r in rows:
         m = r["metrics"]
+        if "superseded" in r or last[(r["name"], r.get("lease"))] is not r:
+            continue
         if r["name"].startswith("vs-bridge-recipe_"):
             lines.append(f"- vs_bridge_recipe ({r['lease']}): {m['vs_bridge_recipe']:.2f} = {m['vlmtrain_case']} / "
                          f"{reps.BRIDGE_RECIPE}, median useful tokens/s/GPU {m['vlmtrain_' + reps.USEFUL]:.0f} "

@@ -128,15 +128,12 @@ def tower_ceilings(rows: list[dict[str, Any]], lease: str) -> dict[str, float]:
 
 
 def towers_vs_ceiling(rows: list[dict[str, Any]], lease: str, peak: float) -> dict[str, Any] | None:
-    """The best H1 case of the lease (median useful tokens/s/GPU): each tower's achieved TFLOP/s (mfu_<tower> x peak)
-    and its fraction of that tower's measured GEMM rate; None until both exist on the lease."""
-    ceilings = tower_ceilings(rows, lease)
-    h1 = {n: r for n, r in repeats.summaries(rows, lease).items()
-          if n.startswith(repeats.H1_PREFIX) and n != repeats.BRIDGE_RECIPE}
-    if not ceilings or not h1:
+    """The best full-training H1 case of the lease (repeats.best_h1): each tower's achieved TFLOP/s (mfu_<tower> x
+    peak) and its fraction of that tower's measured GEMM rate; None until both exist on the lease."""
+    ceilings, h1 = tower_ceilings(rows, lease), repeats.best_h1(rows, lease)
+    if not ceilings or h1 is None:
         return None
-    best = max(h1, key=lambda n: h1[n]["metrics"][repeats.USEFUL])
-    m = h1[best]["metrics"]
+    best, m = h1[0], h1[1]["metrics"]
     out: dict[str, Any] = {"case": best, "square_8192_tflops_per_s": next(
         (r["metrics"]["tflops_per_s"] for r in rows if r["name"] == f"{PREFIX}square_8192_{lease}"), None)}
     for tower, ceiling in ceilings.items():
@@ -159,10 +156,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=5, help="timed repeats per shape (median and min-max)")
     ap.add_argument("--results", type=Path, default=ROOT / "results" / "perf_h200.jsonl")
     ap.add_argument("--list", action="store_true", help="print the shapes and exit (CPU)")
+    ap.add_argument("--towers", metavar="LEASE", help="CPU: append LEASE's towers-vs-ceiling row again from the "
+                    "recorded rows (after an H1 summary landed on that lease later than its ceiling rows)")
     args = ap.parse_args(argv)
     if args.repeats < 3:
         ap.error("--repeats must be >= 3: a median needs them")
     gemms, source = h1_shapes()
+    if args.towers:
+        cmd = f"python benchmarks/matmul_ceiling.py --towers {args.towers}"
+        return 0 if append_towers(args.results, args.towers, source["peak_bf16_tflops"], cmd) else 1
     if args.list:
         for g in gemms:
             print(f"{g.name:<22} {g.tower or '-':<9} batch {g.batch:>3}  M {g.m:>6}  K {g.k:>5}  N {g.n:>5}  "

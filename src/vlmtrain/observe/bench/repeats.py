@@ -74,16 +74,28 @@ def summaries(rows: list[dict[str, Any]], lease: str) -> dict[str, dict[str, Any
             and "case" in r and USEFUL in r["metrics"]}
 
 
-def vs_bridge(rows: list[dict[str, Any]], lease: str) -> dict[str, Any] | None:
-    """vlmtrain's best H1 case (highest median useful tokens/s/GPU) over the Bridge recipe's median on one lease, or
-    None until both sides have a summary there."""
-    mine = summaries(rows, lease)
-    peer = mine.pop(BRIDGE_RECIPE, None)
-    ours = {n: r for n, r in mine.items() if n.startswith(H1_PREFIX)}
-    if peer is None or not ours:
+def trains_every_tower(row: dict[str, Any]) -> bool:
+    """Whether a case's overrides leave every tower trainable, as the peer's recipe does (conf/vision: frozen*)."""
+    return not any(o.startswith("vision=frozen") for o in row.get("config") or [])
+
+
+def best_h1(rows: list[dict[str, Any]], lease: str) -> tuple[str, dict[str, Any]] | None:
+    """vlmtrain's best full-training H1 case on `lease` (highest median useful tokens/s/GPU) and its summary row:
+    what vs_bridge_recipe and the towers-vs-ceiling row describe (frozen-tower cases are reported apart)."""
+    ours = {n: r for n, r in summaries(rows, lease).items()
+            if n.startswith(H1_PREFIX) and n != BRIDGE_RECIPE and trains_every_tower(r)}
+    if not ours:
         return None
     best = max(ours, key=lambda n: ours[n]["metrics"][USEFUL])
-    a, b = ours[best]["metrics"], peer["metrics"]
+    return best, ours[best]
+
+
+def vs_bridge(rows: list[dict[str, Any]], lease: str) -> dict[str, Any] | None:
+    """best_h1 over the Bridge recipe's median on one lease, or None until both sides have a summary there."""
+    peer, ours = summaries(rows, lease).get(BRIDGE_RECIPE), best_h1(rows, lease)
+    if peer is None or ours is None:
+        return None
+    best, a, b = ours[0], ours[1]["metrics"], peer["metrics"]
     return {"vs_bridge_recipe": a[USEFUL] / b[USEFUL], "vlmtrain_case": best, f"vlmtrain_{USEFUL}": a[USEFUL],
             f"bridge_recipe_{USEFUL}": b[USEFUL], "vlmtrain_runs": a["runs"], "bridge_recipe_runs": b["runs"],
             "vs_bridge_recipe_mfu": a["mfu"] / b["mfu"] if a.get("mfu") and b.get("mfu") else None}
