@@ -8,6 +8,9 @@ per image, uniform, seed 0) until `image_tokens` (10.5k, the image share of a 12
 token (2x2 merge), one attention sequence per image; Qwen3-VL-30B-A3B's ViT: 16 heads of 72. Variants (each skipped
 where its library is missing, and said so):
 - te_fused: TE's DotProductAttention, thd, padding mask, int max_seqlen: what Bridge's ViT runs (cuDNN on Hopper);
+- te_fused_pad<D>: the same with q, k, v zero-padded to head dim D (80, 96, 128) and the output sliced back, the
+  softmax scale kept at 1/sqrt(72): exact (zero dims add nothing to q.k and give zero outputs); it pays off where
+  the kernel at D runs faster than at 72 by more than the FLOPs and copies the padding adds;
 - torch_varlen: torch.nn.attention.varlen.varlen_attn (PyTorch's built-in FlashAttention-2 kernels), same cu_seqlens;
 - torch_sdpa_per_image: scaled_dot_product_attention per image ([1, heads, s, 72]), PyTorch's backend choice.
 Each is timed as forward + backward over `iters` calls between CUDA events, `repeats` times after warm-up (median,
@@ -17,6 +20,7 @@ compared with the first variant's (max abs difference), so a fast wrong kernel s
 
 from __future__ import annotations
 
+import functools
 import itertools
 import random
 import statistics
@@ -54,14 +58,20 @@ def _inputs(lengths: list[int]) -> dict[str, Any]:
     return {"q": q, "k": k, "v": v, "grad": grad, "cu": cu, "max": max(lengths), "lengths": lengths}
 
 
-def te_fused() -> Callable[..., Any]:
+def te_fused(dim: int = HEAD_DIM) -> Callable[..., Any]:
+    import math
+
+    import torch.nn.functional as F  # noqa: N812
     from transformer_engine.pytorch import DotProductAttention
 
-    dpa = DotProductAttention(HEADS, HEAD_DIM, qkv_format="thd", attn_mask_type="padding", attention_dropout=0.0)
+    dpa = DotProductAttention(HEADS, dim, qkv_format="thd", attn_mask_type="padding", attention_dropout=0.0,
+                              softmax_scale=1.0 / math.sqrt(HEAD_DIM))
 
     def run(q: Any, k: Any, v: Any, cu: Any, mx: int, lengths: list[int]) -> Any:
+        if dim != HEAD_DIM:
+            q, k, v = (F.pad(x, (0, dim - HEAD_DIM)) for x in (q, k, v))
         out = dpa(q, k, v, cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=mx, max_seqlen_kv=mx)
-        return out.view(q.shape)
+        return out.view(q.shape)[..., :HEAD_DIM]
 
     return run
 
@@ -88,7 +98,8 @@ def torch_sdpa_per_image() -> Callable[..., Any]:
 
 
 VARIANTS: dict[str, Callable[[], Callable[..., Any]]] = {
-    "te_fused": te_fused, "torch_varlen": torch_varlen, "torch_sdpa_per_image": torch_sdpa_per_image}
+    "te_fused": te_fused, "torch_varlen": torch_varlen, "torch_sdpa_per_image": torch_sdpa_per_image,
+    **{f"te_fused_pad{d}": functools.partial(te_fused, d) for d in (80, 96, 128)}}
 
 
 def time_variant(run: Callable[..., Any], x: dict[str, Any], repeats: int, iters: int) -> tuple[list[float], Any]:
