@@ -110,10 +110,10 @@ def _repeated(rows: list[dict[str, Any]]) -> list[str]:
         return f"{m[key]:{fmt}} ({m[key + '_min']:{fmt}}-{m[key + '_max']:{fmt}})" if key in m else "-"
 
     lines: list[str] = []
+    header = "| case | lease | runs | useful tok/s/GPU | MFU | step_s | peak GiB | MFU ViT / projector / decoder |"
     for title, frozen in (("full training", False), ("frozen vision (compare with frozen rows only)", True)):
-        lines = [*lines, "", f"## Repeated cases, {title}: median (min-max) over the runs of one machine lease", "",
-                 "| case | lease | runs | useful tok/s/GPU | MFU | step_s | peak GiB | MFU ViT / projector / decoder |",
-                 "|---|---|---|---|---|---|---|---|"]
+        lines += ["", f"## Repeated cases, {title}: median (min-max) over the runs of one machine lease", "", header,
+                  "|---|---|---|---|---|---|---|---|"]
         for r in sorted(summaries, key=lambda r: (r["lease"], -r["metrics"][reps.USEFUL])):
             if reps.trains_every_tower(r) == frozen:
                 continue
