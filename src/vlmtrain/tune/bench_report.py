@@ -123,13 +123,9 @@ def _repeated(rows: list[dict[str, Any]]) -> list[str]:
                          f"{cell(m, 'mfu', '.1%')} | {cell(m, 'step_s', '.2f')} | {cell(m, 'peak_mem_gib', '.0f')} | "
                          f"{towers} |")
     lines.append("")
-    # one line per ceiling row; the peer ratio and the towers row as of their lease's latest (a later H1 summary
-    # on the lease writes them again)
-    last = {(r["name"], r.get("lease")): r for r in rows if "superseded" not in r}
-    for r in rows:
+    # the latest row of each name: a later H1 summary on a lease writes its peer ratio and towers row again
+    for r in results.latest(rows):
         m = r["metrics"]
-        if "superseded" in r or last[(r["name"], r.get("lease"))] is not r:
-            continue
         if r["name"].startswith("vs-bridge-recipe_"):
             lines.append(f"- vs_bridge_recipe ({r['lease']}): {m['vs_bridge_recipe']:.2f} = {m['vlmtrain_case']} / "
                          f"{reps.BRIDGE_RECIPE}, median useful tokens/s/GPU {m['vlmtrain_' + reps.USEFUL]:.0f} "
