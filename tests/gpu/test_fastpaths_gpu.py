@@ -1,6 +1,7 @@
 """vlmtrain.train.bridge_patches' GPU parts beside Bridge's code: TE's fused RoPE against Bridge's unfused rotation on
-packed rows at the 30B-A3B ViT's and decoder's head shapes (forward and gradient), pinned visual inputs, and the
-ViT's host grid in real training. Run with `pytest -m gpu`."""
+packed rows at the 30B-A3B ViT's and decoder's head shapes (forward and gradient), pinned visual inputs, the ViT's
+attention at a padded head dim (TE's own module beside it, and in real training) and the ViT's host grid in real
+training. Run with `pytest -m gpu`."""
 
 from __future__ import annotations
 
@@ -99,3 +100,50 @@ def test_vit_host_grid_trains_the_same_losses(tmp_path: Path) -> None:
     assert curves["true"][0] == curves["false"][0]
     for step in range(1, 4):
         assert abs(curves["true"][step] - curves["false"][step]) < 1e-3, (step, curves)
+
+
+@pytest.mark.parametrize("dim", [80, 128])
+def test_padded_vit_attention_matches_te_at_72(dim: int) -> None:
+    """Megatron's TE attention as the 30B-A3B ViT builds it (16 heads of 72, thd rows of several images), run at a
+    padded head dim: the same outputs and q/k/v gradients as at 72, within bf16 rounding of two kernels."""
+    import math
+
+    from transformer_engine.pytorch import DotProductAttention
+
+    lengths = [3136, 784, 2304, 1600]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda", dtype=torch.int32)
+    torch.manual_seed(0)
+    q, k, v, grad = (torch.randn(sum(lengths), 16, 72, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    with pytest.raises(ValueError, match="cannot be padded to 64"):
+        bridge_patches.pad_head_dim(DotProductAttention(16, 72, qkv_format="thd"), 64)
+    results = []
+    for pad in (None, dim):
+        attn = DotProductAttention(16, 72, qkv_format="thd", attn_mask_type="padding", attention_dropout=0.0)
+        if pad:
+            bridge_patches.pad_head_dim(attn, pad)
+            assert (attn.hidden_size_per_attention_head_k, attn.hidden_size_per_attention_head_v) == (pad, pad)
+        x = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = attn(*x, cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=max(lengths), max_seqlen_kv=max(lengths))
+        assert out.shape == (sum(lengths), 16 * 72)
+        out.backward(grad.flatten(-2))
+        results.append([out.detach().float(), *(t.grad.float() for t in x)])
+        assert attn.softmax_scale == pytest.approx(1 / math.sqrt(72))
+    for padded, plain in zip(*results, strict=True):
+        torch.testing.assert_close(padded, plain, rtol=2e-2, atol=2e-2)
+    assert results[0][0].abs().max() > 0.1 and results[0][3].abs().max() > 0.1  # outputs and gradients not zero
+
+
+def test_padded_vit_attention_trains_the_same_losses(tmp_path: Path) -> None:
+    """train.py with kernels=fast, the tiny ViT's heads (64 channels) at 64 and padded to 128: the same samples from
+    the same init, the same first loss within kernel rounding and the same curve after."""
+    curves = {}
+    for dim in ("null", "128"):
+        case = cases.Case(f"tiny_vit-attn-{dim}", 1, ["model=tiny", "train.iterations=4", "train.global_batch_size=4",
+                                                     "kernels=fast", f"kernels.vit_attention_head_dim={dim}"])
+        proc = subprocess.run(cases.command(case, tmp_path / dim), cwd=ROOT, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert ("vit_attention_pad" in (tmp_path / dim / "ranks.log").read_text()) == (dim == "128")  # replaced code
+        curves[dim] = losses(tmp_path / dim)
+    assert sorted(curves["128"]) == sorted(curves["null"]) == [0, 1, 2, 3]
+    for step in range(4):
+        assert abs(curves["128"][step] - curves["null"][step]) < 1e-2, (step, curves)

@@ -103,6 +103,20 @@ def test_install_only_what_the_options_ask_and_uninstall_restores() -> None:
     assert not hasattr(GenericVisualInputs, "pin_memory")
 
 
+def test_vit_attention_pad_installs_on_the_vit_s_constructor() -> None:
+    """kernels.vit_attention_head_dim installs on the ViT's constructor only (the decoder's attention keeps its head
+    dim), and uninstall restores it. TE builds its attention on CUDA only: the module itself in tests/gpu/."""
+    from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.vision_model import Qwen3VLVisionModel
+
+    init = Qwen3VLVisionModel.__init__
+    try:
+        assert bridge_patches.install(compose(["kernels.vit_attention_head_dim=128"])) == ["vit_attention_pad"]
+        assert bridge_patches.installed() == ["vit_attention_pad"] and Qwen3VLVisionModel.__init__ is not init
+    finally:
+        bridge_patches.uninstall()
+    assert Qwen3VLVisionModel.__init__ is init
+
+
 def test_rope_falls_back_to_bridge_unless_one_freqs_row_per_token() -> None:
     """Freqs that are not one row per token (here one row broadcast to all) keep Bridge's unfused path, which runs
     on CPU; the fused kernel reads row i for token i only."""

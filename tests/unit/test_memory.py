@@ -223,6 +223,28 @@ def test_estimate_reads_the_capacity(compose):
     assert memory.pads(compose("gpus_per_node=2", "data.packing=8192", "data.packing_static=true"))
 
 
+def test_padded_vit_attention_adds_what_the_h1_runs_measured(compose):
+    """kernels.vit_attention_head_dim: ViT activations grow by the padded q, k, v and output (nothing at the model's
+    own 72); scaled from the worst-case row (every token an image token) to the ~10.5k image tokens of an H1 row,
+    the estimate's growth at 128 is within 10 % of what the recorded H1 pair on one lease measured."""
+    from vlmtrain.observe.bench import vit_attention
+
+    h1 = ["model=qwen3_vl_30b_a3b", "model.num_layers=4", "data=realistic", "gpus_per_node=1", "parallelism=3d",
+          "parallelism.ep=1", "data.packing=12288"]
+    plain, own, padded = (memory.estimate(compose(*h1, *extra)) for extra in
+                          ([], ["kernels.vit_attention_head_dim=72"], ["kernels.vit_attention_head_dim=128"]))
+    assert own.allocated == plain.allocated
+    grown = padded.vision_activations - plain.vision_activations
+    assert padded.decoder_activations == plain.decoder_activations and grown > 0
+    rows = {r["name"]: r for r in results.read_jsonl(ROOT / "results" / "perf_h200.jsonl")
+            if r.get("lease") == "lease-4a774566" and r["name"].endswith("_summary")}
+    base = "h1_h200x2-best_3d-ep1_mbs1_packed12288_cg-none_gbs4"
+    measured = (rows[f"{base}_vit-attn128_summary"]["metrics"]["peak_mem_gib"]
+                - rows[f"{base}_summary"]["metrics"]["peak_mem_gib"])
+    row_patches = sum(vit_attention.seqlens())  # an H1 row's images, as the attention benchmark draws them
+    assert grown * row_patches / (12288 * 4) == pytest.approx(measured, rel=0.10)
+
+
 # --- validation against the measured peaks ---------------------------------------------------------------------
 
 

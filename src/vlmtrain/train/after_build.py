@@ -53,6 +53,12 @@ def tower_params(model_chunks: list[Any]) -> dict[str, dict[str, int]]:
     return out
 
 
+def vit_attention_head_dims(model_chunks: list[Any]) -> list[int]:
+    """The head dims the ViT's TE attention modules run at (kernels.vit_attention_head_dim pads them)."""
+    return sorted({m.hidden_size_per_attention_head_k for c in model_chunks for name, m in _unwrap(c).named_modules()
+                   if name.startswith("vision_model.") and hasattr(m, "hidden_size_per_attention_head_k")})
+
+
 def after_model_build(run: RunConfig, context: Any) -> dict[str, Any]:
     """What was instantiated, after Megatron Core's defaults; raises if it contradicts the request."""
     cfg = context.state.cfg.model
@@ -75,6 +81,7 @@ def after_model_build(run: RunConfig, context: Any) -> dict[str, Any]:
         if getattr(m, "token_dispatcher", None) is not None
     }
     report["dispatcher_classes"] = sorted(dispatchers)
+    report["vit_attention_head_dims"] = vit_attention_head_dims(context.model)
     expected = {
         "alltoall": "MoEAlltoAllTokenDispatcher",
         "hybridep": "MoEFlexTokenDispatcher",
@@ -83,6 +90,10 @@ def after_model_build(run: RunConfig, context: Any) -> dict[str, Any]:
     if dispatchers != {expected}:  # none found is a failure too: the check must not pass vacuously
         raise SettingNotApplied(f"dispatcher={run.dispatcher.backend} requested but {sorted(dispatchers)} was built "
                                 f"(expected {expected} in every MoE layer).")
+    padded = run.kernels.vit_attention_head_dim
+    if padded is not None and report["vit_attention_head_dims"] != [padded]:  # none found fails too
+        raise SettingNotApplied(f"kernels.vit_attention_head_dim={padded} requested but the ViT's attention runs at "
+                                f"{report['vit_attention_head_dims']}.")
     if run.recompute.granularity == "none" and cfg.recompute_modules:
         raise SettingNotApplied(f"recompute=none but Megatron set recompute_modules={cfg.recompute_modules}.")
     if run.vision.freeze_vision_model and params["vision"]["trainable"]:

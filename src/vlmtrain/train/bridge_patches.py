@@ -1,6 +1,6 @@
-"""Drop-in replacements for five Bridge Qwen3-VL hot spots that profiles found (the issue-9 best case's,
-results/profile_h200x2.jsonl; vit_host_grid H1's, results/profile_h200.jsonl; mask_grid_only the loader's,
-results/collate_cpu.jsonl): the same results, meant to be faster.
+"""Drop-in replacements for six Bridge Qwen3-VL hot spots that profiles found (the issue-9 best case's,
+results/profile_h200x2.jsonl; vit_host_grid and vit_attention_pad H1's, results/profile_h200.jsonl; mask_grid_only
+the loader's, results/collate_cpu.jsonl): the same results, meant to be faster.
 The kernels group decides which (`replacements`); `install()` puts them in place once per training process, before
 Bridge builds the model.
 
@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from vlmtrain.config.groups import kernels, precision
@@ -260,6 +260,46 @@ def install_mask_grid_only() -> None:
     _replace("mask_grid_only", collate_fn, "build_assistant_loss_mask", build_assistant_loss_mask)
 
 
+# --- vit_attention_pad --------------------------------------------------------------------------------------------
+
+
+def pad_head_dim(attention: Any, dim: int) -> None:
+    """Run this TE DotProductAttention at head dim `dim`: q, k, v zero-padded, the output ([..., heads * dim])
+    sliced back to the module's own channels. The softmax scale stays the one TE set from those at construction."""
+    import torch.nn.functional as F  # noqa: N812
+
+    own = attention.hidden_size_per_attention_head_k
+    if attention.hidden_size_per_attention_head_v != own or dim < own:
+        raise ValueError(f"pad_head_dim: heads of {own} (k) / {attention.hidden_size_per_attention_head_v} (v) "
+                         f"channels cannot be padded to {dim}")
+    if dim == own:
+        return
+    attention.hidden_size_per_attention_head_k = attention.hidden_size_per_attention_head_v = dim
+    forward = attention.forward
+
+    def padded_forward(query: Any, key: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
+        out = forward(*(F.pad(x, (0, dim - own)) for x in (query, key, value)), *args, **kwargs)
+        return out.unflatten(-1, (-1, dim))[..., :own].flatten(-2)
+
+    attention.forward = padded_forward
+
+
+def install_vit_attention_pad(dim: int) -> None:
+    """Every TE attention of each Qwen3-VL ViT built from now on runs at head dim `dim`."""
+    from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.vision_model import Qwen3VLVisionModel
+    from transformer_engine.pytorch import DotProductAttention
+
+    init = Qwen3VLVisionModel.__init__
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        for module in self.modules():
+            if isinstance(module, DotProductAttention):
+                pad_head_dim(module, dim)
+
+    _replace("vit_attention_pad", Qwen3VLVisionModel, "__init__", __init__)
+
+
 VIT_QUANTIZED_FIELDS = ("fp8", "fp8_recipe", "fp8_margin", "fp8_amax_history_len", "fp8_amax_compute_algo",
                         "fp8_wgrad", "fp4", "fp4_recipe")
 """The decoder's number-format fields the ViT takes over under precision.vision=quantized (never fp8_param: the
@@ -335,9 +375,12 @@ SAME_BATCHES = frozenset({"mask_grid_only"})
 """Replacements in the loader alone: every batch a rank receives is the same tensor for tensor (their tests say so),
 so a preset with them trains what a measured case without them trained."""
 
-INSTALL = {"rope_te": install_rope_te, "vit_positions": install_vit_positions,
-           "pin_visual_inputs": install_pin_visual_inputs, "vit_host_grid": install_vit_host_grid,
-           "vit_quantized": install_vit_quantized, "mask_grid_only": install_mask_grid_only}
+INSTALL: dict[str, Callable[[RunConfig], None]] = {
+    "rope_te": lambda run: install_rope_te(), "vit_positions": lambda run: install_vit_positions(),
+    "pin_visual_inputs": lambda run: install_pin_visual_inputs(), "vit_host_grid": lambda run: install_vit_host_grid(),
+    "vit_quantized": lambda run: install_vit_quantized(), "mask_grid_only": lambda run: install_mask_grid_only(),
+    "vit_attention_pad": lambda run: install_vit_attention_pad(run.kernels.vit_attention_head_dim)}
+"""Each replacement's installer, given the run (only vit_attention_pad reads it: its head dim)."""
 
 
 def install(run: RunConfig) -> list[str]:
@@ -345,5 +388,5 @@ def install(run: RunConfig) -> list[str]:
     process; their names."""
     names = kernels.replacements(run) + precision.replacements(run)
     for name in names:
-        INSTALL[name]()
+        INSTALL[name](run)
     return names

@@ -98,6 +98,17 @@ def decoder_activation_bytes(run: RunConfig, lay: Layout, layers: range, tokens:
     return chunks * layer_input * inflight + max(sum(per_layer[i:i + n]) for i in range(0, len(per_layer), n))
 
 
+def vit_padding_elems(run: RunConfig) -> float:
+    """Extra elements per ViT block and patch under kernels.vit_attention_head_dim: TE keeps the padded q, k, v and
+    output beside the unpadded tensors, plus the sliced output copy: 4 (D / d - 1) + 1 hidden widths. At H1 on one
+    H200, 72 -> 128 raised the measured peak from 113.6 to 123.7 GiB (results/perf_h200.jsonl, lease-4a774566); this
+    term gives 10.0 GiB at the ~42k patches of a row's ~10.5k image tokens."""
+    dim, own = run.kernels.vit_attention_head_dim, arch.vit_head_dim(run.model)
+    if dim is None or dim == own:
+        return 0.0
+    return (4 * (dim / own - 1) + 1) * run.model.vit.hidden_size
+
+
 def vision_activation_bytes(run: RunConfig, lay: Layout, patches: float, inflight: float) -> float:
     """Saved ViT activations over the micro-batch's patches (PP stage 0 only). The ViT runs at the LM's TP without
     SP, inherits recompute granularity/method/num_layers but not modules (Bridge's get_vision_model_config), and
@@ -107,7 +118,7 @@ def vision_activation_bytes(run: RunConfig, lay: Layout, patches: float, infligh
     hv, iv, tp = v.hidden_size, v.intermediate_size, lay.tp
     # per block and patch: 2hv norm1 in/out + 2hv norm2 in/out (LayerNormLinear, not TP-split);
     # 3hv QKV output + 2hv rotated Q, K + hv attention output + 2iv fc1 output and GELU output, split by TP
-    block = 4 * hv + (6 * hv + 2 * iv) / tp
+    block = 4 * hv + (6 * hv + 2 * iv + vit_padding_elems(run)) / tp
     # per merger and patch: LayerNorm input + output (hv each per patch), fc1 output + GELU output (hv/tp each)
     mergers = (1 + len(v.deepstack_indexes)) * (2 * hv + 2 * hv / tp)
     merger_bytes = mergers * BF16 * patches if not (vis.freeze_vision_model and vis.freeze_vision_projection) else 0

@@ -1,4 +1,4 @@
-"""Preflight rules: dispatcher x hardware (HybridEP topology, DeepEP support, the CUTLASS grouped GEMM)."""
+"""Preflight rules: dispatcher x hardware (HybridEP topology, DeepEP support)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ from typing import TYPE_CHECKING
 
 from vlmtrain.check.preflight.registry import Severity, bridge, rule
 from vlmtrain.config.groups.dispatcher import Backend
-from vlmtrain.config.groups.kernels import GroupedGemm
 
 if TYPE_CHECKING:
     from vlmtrain.config.resolve import Resolved
@@ -51,14 +50,4 @@ def deepep_not_on_gb200(run: RunConfig, res: Resolved) -> str | None:
         return f"dispatcher=deepep is not supported on hardware={hw.name} (Bridge rejects it). Use dispatcher=hybridep."
     if run.dispatcher.backend == Backend.deepep and hw.sm_major not in (8, 9, 10):
         return f"dispatcher=deepep needs SM 8.x/9.x or B200; hardware={hw.name}. Use dispatcher=alltoall."
-    return None
-
-
-@rule(Severity.error)
-def cutlass_grouped_gemm_needs_sm90(run: RunConfig, res: Resolved) -> str | None:
-    hw = run.hardware
-    if run.kernels.moe_grouped_gemm == GroupedGemm.cutlass and hw.sm_major != 9:
-        return (f"kernels.moe_grouped_gemm=cutlass: Transformer Engine's CUTLASS grouped GEMM is SM90-only, and "
-                f"hardware={hw.name} is SM {hw.sm_major}.{hw.sm_minor} (TE would silently fall back). Use "
-                "kernels.moe_grouped_gemm=multistream (or kernels=default).")
     return None

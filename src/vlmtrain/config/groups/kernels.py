@@ -16,10 +16,13 @@ packed MBS 8 (TE #2045: per-expert GEMMs are small and many in fine-grained MoE)
 entropy 0.97x (no speed change within noise) at 8 GiB less peak memory, which let MBS grow from 8 to 12.
 TE reads NVTE_USE_CUTLASS_GROUPED_GEMM from the environment when it runs a grouped GEMM, so `env()` feeds
 hardware.runtime_env (exported before torch is imported), not a Bridge field.
-`rope`, `vit_positions`, `pin_visual_inputs`, `vit_host_grid` and `mask_grid_only` replace Bridge Qwen3-VL code
-paths that profiles found slow (vlmtrain.train.bridge_patches says what each does and installs them in each training
-process, whose loader workers inherit them); `vit_host_grid` is not in `fast` (docs/measurements.md, "Host syncs at
-H1"); `mask_grid_only` builds the same rows with less loader CPU (results/collate_cpu.jsonl).
+`rope`, `vit_positions`, `pin_visual_inputs`, `vit_host_grid`, `mask_grid_only` and `vit_attention_head_dim` replace
+Bridge Qwen3-VL code paths that profiles found slow (vlmtrain.train.bridge_patches says what each does and installs
+them in each training process, whose loader workers inherit them); `vit_host_grid` is not in `fast`
+(docs/measurements.md, "Host syncs at H1"); `mask_grid_only` builds the same rows with less loader CPU
+(results/collate_cpu.jsonl). `vit_attention_head_dim` (null: the model's) is a head dim to run the ViT's attention
+at, zero-padded from the model's: exact, and worth it where the attention kernel is faster at that dim
+(benchmarks/vit_attention.py measures each); it depends on the model, so no option sets it.
 """
 
 from __future__ import annotations
@@ -76,6 +79,9 @@ class KernelsConfig:
     mask_grid_only: bool = False
     """Data loader: Bridge's assistant loss mask re-renders each sample through the processor for token ids; let
     those renders compute image grids only (the same masks, no pixel work)."""
+    vit_attention_head_dim: int | None = None
+    """Run the ViT's attention at this head dim (a multiple of 8, at least the model's ViT head dim): q, k and v
+    zero-padded, the output sliced back, the softmax scale the model's. null: the model's head dim."""
 
 
 def env(run: RunConfig) -> dict[str, str]:
@@ -92,5 +98,5 @@ def replacements(run: RunConfig) -> list[str]:
     k = run.kernels
     chosen = {"rope_te": k.rope == Rope.te, "vit_positions": k.vit_positions == VitPositions.vectorized,
               "pin_visual_inputs": k.pin_visual_inputs, "vit_host_grid": k.vit_host_grid,
-              "mask_grid_only": k.mask_grid_only}
+              "mask_grid_only": k.mask_grid_only, "vit_attention_pad": k.vit_attention_head_dim is not None}
     return [name for name, on in chosen.items() if on]

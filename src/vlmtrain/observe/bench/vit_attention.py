@@ -12,6 +12,7 @@ where its library is missing, and said so):
   softmax scale kept at 1/sqrt(72): exact (zero dims add nothing to q.k and give zero outputs); it pays off where
   the kernel at D runs faster than at 72 by more than the FLOPs and copies the padding adds;
 - torch_varlen: torch.nn.attention.varlen.varlen_attn (PyTorch's built-in FlashAttention-2 kernels), same cu_seqlens;
+  torch_varlen_pad<D> the same, padded as te_fused_pad<D> is;
 - torch_sdpa_per_image: scaled_dot_product_attention per image ([1, heads, s, 72]), PyTorch's backend choice.
 Each is timed as forward + backward over `iters` calls between CUDA events, `repeats` times after warm-up (median,
 min-max); FLOPs count the forward's two matmuls (4 s^2 h d per image) and a backward of twice that. Outputs are
@@ -58,31 +59,37 @@ def _inputs(lengths: list[int]) -> dict[str, Any]:
     return {"q": q, "k": k, "v": v, "grad": grad, "cu": cu, "max": max(lengths), "lengths": lengths}
 
 
-def te_fused(dim: int = HEAD_DIM) -> Callable[..., Any]:
-    import math
-
+def _padded(attend: Callable[..., Any], dim: int) -> Callable[..., Any]:
+    """`attend` on q, k, v zero-padded to head dim `dim`, the output sliced back."""
     import torch.nn.functional as F  # noqa: N812
-    from transformer_engine.pytorch import DotProductAttention
-
-    dpa = DotProductAttention(HEADS, dim, qkv_format="thd", attn_mask_type="padding", attention_dropout=0.0,
-                              softmax_scale=1.0 / math.sqrt(HEAD_DIM))
 
     def run(q: Any, k: Any, v: Any, cu: Any, mx: int, lengths: list[int]) -> Any:
         if dim != HEAD_DIM:
             q, k, v = (F.pad(x, (0, dim - HEAD_DIM)) for x in (q, k, v))
-        out = dpa(q, k, v, cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=mx, max_seqlen_kv=mx)
+        out = attend(q, k, v, cu, mx, lengths)
         return out.view(q.shape)[..., :HEAD_DIM]
 
     return run
 
 
-def torch_varlen() -> Callable[..., Any]:
+def te_fused(dim: int = HEAD_DIM) -> Callable[..., Any]:
+    import math
+
+    from transformer_engine.pytorch import DotProductAttention
+
+    dpa = DotProductAttention(HEADS, dim, qkv_format="thd", attn_mask_type="padding", attention_dropout=0.0,
+                              softmax_scale=1.0 / math.sqrt(HEAD_DIM))
+    return _padded(lambda q, k, v, cu, mx, lengths: dpa(q, k, v, cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=mx,
+                                                       max_seqlen_kv=mx), dim)
+
+
+def torch_varlen(dim: int = HEAD_DIM) -> Callable[..., Any]:
+    import math
+
     from torch.nn.attention.varlen import varlen_attn
 
-    def run(q: Any, k: Any, v: Any, cu: Any, mx: int, lengths: list[int]) -> Any:
-        return varlen_attn(q, k, v, cu, cu, mx, mx)
-
-    return run
+    scale = 1.0 / math.sqrt(HEAD_DIM)
+    return _padded(lambda q, k, v, cu, mx, lengths: varlen_attn(q, k, v, cu, cu, mx, mx, scale=scale), dim)
 
 
 def torch_sdpa_per_image() -> Callable[..., Any]:
@@ -99,7 +106,8 @@ def torch_sdpa_per_image() -> Callable[..., Any]:
 
 VARIANTS: dict[str, Callable[[], Callable[..., Any]]] = {
     "te_fused": te_fused, "torch_varlen": torch_varlen, "torch_sdpa_per_image": torch_sdpa_per_image,
-    **{f"te_fused_pad{d}": functools.partial(te_fused, d) for d in (80, 96, 128)}}
+    **{f"te_fused_pad{d}": functools.partial(te_fused, d) for d in (80, 96, 128)},
+    **{f"torch_varlen_pad{d}": functools.partial(torch_varlen, d) for d in (96, 128)}}
 
 
 def time_variant(run: Callable[..., Any], x: dict[str, Any], repeats: int, iters: int) -> tuple[list[float], Any]:

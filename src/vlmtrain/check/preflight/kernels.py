@@ -1,0 +1,34 @@
+"""Preflight rules: kernels x hardware and model (the CUTLASS grouped GEMM, the ViT's attention head dim)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from vlmtrain.check.preflight.registry import Severity, rule
+from vlmtrain.config import architecture
+from vlmtrain.config.groups.kernels import GroupedGemm
+
+if TYPE_CHECKING:
+    from vlmtrain.config.resolve import Resolved
+    from vlmtrain.config.schema import RunConfig
+
+
+@rule(Severity.error)
+def cutlass_grouped_gemm_needs_sm90(run: RunConfig, res: Resolved) -> str | None:
+    hw = run.hardware
+    if run.kernels.moe_grouped_gemm == GroupedGemm.cutlass and hw.sm_major != 9:
+        return (f"kernels.moe_grouped_gemm=cutlass: Transformer Engine's CUTLASS grouped GEMM is SM90-only, and "
+                f"hardware={hw.name} is SM {hw.sm_major}.{hw.sm_minor} (TE would silently fall back). Use "
+                "kernels.moe_grouped_gemm=multistream (or kernels=default).")
+    return None
+
+
+@rule(Severity.error)
+def vit_attention_head_dim_pads(run: RunConfig, res: Resolved) -> str | None:
+    """Padding can only add channels, and the attention kernels take head dims in multiples of 8 up to 256."""
+    dim, own = run.kernels.vit_attention_head_dim, architecture.vit_head_dim(run.model)
+    if dim is None or (own <= dim <= 256 and dim % 8 == 0):
+        return None
+    return (f"kernels.vit_attention_head_dim={dim}: model={run.model.name}'s ViT heads have {own} channels, and the "
+            f"padded head dim must be a multiple of 8 from {own} to 256. Use e.g. "
+            f"kernels.vit_attention_head_dim={max(128, -(-own // 8) * 8)}, or null (the model's).")
