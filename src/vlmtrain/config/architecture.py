@@ -36,6 +36,7 @@ GDN_CONV_KERNEL = 4
 QWEN35_PARTIAL_ROTARY_FACTOR = 0.25
 """Qwen3.5 rotates a quarter of head_dim (its mRoPE section sums to head_dim * 0.25 / 2)."""
 
+
 def vit_head_dim(m: ModelConfig) -> int:
     """Channels per ViT attention head (Qwen3-VL-30B-A3B / 235B-A22B: 1152 / 16 = 72)."""
     return m.vit.hidden_size // m.vit.num_heads

@@ -22,7 +22,8 @@ them in each training process, whose loader workers inherit them); `vit_host_gri
 (docs/measurements.md, "Host syncs at H1"); `mask_grid_only` builds the same rows with less loader CPU
 (results/collate_cpu.jsonl). `vit_attention_head_dim` (null: the model's) is a head dim to run the ViT's attention
 at, zero-padded from the model's: exact, and worth it where the attention kernel is faster at that dim
-(benchmarks/vit_attention.py measures each); it depends on the model, so no option sets it.
+(benchmarks/vit_attention.py measures each). No option sets it: the best dim depends on the model and the card, and
+the padded tensors TE keeps put H1 on one H200 over the worst-case memory estimate (docs/measurements.md).
 """
 
 from __future__ import annotations
