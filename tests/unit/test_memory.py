@@ -227,6 +227,7 @@ def test_padded_vit_attention_adds_what_the_h1_runs_measured(compose):
     """kernels.vit_attention_head_dim: ViT activations grow by the padded q, k, v and output (nothing at the model's
     own 72); scaled from the worst-case row (every token an image token) to the ~10.5k image tokens of an H1 row,
     the estimate's growth at 128 is within 10 % of what the recorded H1 pair on one lease measured."""
+    from vlmtrain.config import architecture
     from vlmtrain.observe.bench import vit_attention
 
     h1 = ["model=qwen3_vl_30b_a3b", "model.num_layers=4", "data=realistic", "gpus_per_node=1", "parallelism=3d",
@@ -242,7 +243,7 @@ def test_padded_vit_attention_adds_what_the_h1_runs_measured(compose):
     measured = (rows[f"{base}_vit-attn128_summary"]["metrics"]["peak_mem_gib"]
                 - rows[f"{base}_summary"]["metrics"]["peak_mem_gib"])
     row_patches = sum(vit_attention.seqlens())  # an H1 row's images, as the attention benchmark draws them
-    assert grown * row_patches / (12288 * 4) == pytest.approx(measured, rel=0.10)
+    assert grown * row_patches / (12288 * architecture.PATCHES_PER_TOKEN) == pytest.approx(measured, rel=0.10)
 
 
 # --- validation against the measured peaks ---------------------------------------------------------------------

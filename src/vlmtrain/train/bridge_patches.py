@@ -263,11 +263,21 @@ def install_mask_grid_only() -> None:
 # --- vit_attention_pad --------------------------------------------------------------------------------------------
 
 
-def pad_head_dim(attention: Any, dim: int) -> None:
-    """Run this TE DotProductAttention at head dim `dim`: q, k, v zero-padded, the output ([..., heads * dim])
-    sliced back to the module's own channels. The softmax scale stays the one TE set from those at construction."""
+def padded_heads(attend: Callable[..., Any], own: int, dim: int) -> Callable[..., Any]:
+    """`attend(query, key, value, ...)` on q, k, v zero-padded from `own` to `dim` channels per head; its output
+    ([..., heads * dim] or [..., heads, dim]) sliced back to `own` channels per head, in the same layout."""
     import torch.nn.functional as F  # noqa: N812
 
+    def padded(query: Any, key: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
+        out = attend(*(F.pad(x, (0, dim - own)) for x in (query, key, value)), *args, **kwargs)
+        return out.unflatten(-1, (-1, dim))[..., :own].flatten(-2)
+
+    return padded
+
+
+def pad_head_dim(attention: Any, dim: int) -> None:
+    """Run this TE DotProductAttention at head dim `dim` (padded_heads around its forward). The softmax scale stays
+    the one TE set from the module's own channels at construction."""
     own = attention.hidden_size_per_attention_head_k
     if attention.hidden_size_per_attention_head_v != own or dim < own:
         raise ValueError(f"pad_head_dim: heads of {own} (k) / {attention.hidden_size_per_attention_head_v} (v) "
@@ -275,13 +285,7 @@ def pad_head_dim(attention: Any, dim: int) -> None:
     if dim == own:
         return
     attention.hidden_size_per_attention_head_k = attention.hidden_size_per_attention_head_v = dim
-    forward = attention.forward
-
-    def padded_forward(query: Any, key: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
-        out = forward(*(F.pad(x, (0, dim - own)) for x in (query, key, value)), *args, **kwargs)
-        return out.unflatten(-1, (-1, dim))[..., :own].flatten(-2)
-
-    attention.forward = padded_forward
+    attention.forward = padded_heads(attention.forward, own, dim)
 
 
 def install_vit_attention_pad(dim: int) -> None:

@@ -8,11 +8,12 @@ per image, uniform, seed 0) until `image_tokens` (10.5k, the image share of a 12
 token (2x2 merge), one attention sequence per image; Qwen3-VL-30B-A3B's ViT: 16 heads of 72. Variants (each skipped
 where its library is missing, and said so):
 - te_fused: TE's DotProductAttention, thd, padding mask, int max_seqlen: what Bridge's ViT runs (cuDNN on Hopper);
-- te_fused_pad<D>: the same with q, k, v zero-padded to head dim D (80, 96, 128) and the output sliced back, the
-  softmax scale kept at 1/sqrt(72): exact (zero dims add nothing to q.k and give zero outputs); it pays off where
-  the kernel at D runs faster than at 72 by more than the FLOPs and copies the padding adds;
+- te_fused_pad<D>: the same through vlmtrain.train.bridge_patches.pad_head_dim, what kernels.vit_attention_head_dim
+  runs in training: q, k, v zero-padded to head dim D (80, 96, 128), the output sliced back, the softmax scale kept at
+  1/sqrt(72); exact (zero dims add nothing to q.k and give zero outputs); it pays off where the kernel at D runs
+  faster than at 72 by more than the FLOPs and copies the padding adds;
 - torch_varlen: torch.nn.attention.varlen.varlen_attn (PyTorch's built-in FlashAttention-2 kernels), same cu_seqlens;
-  torch_varlen_pad<D> the same, padded as te_fused_pad<D> is;
+  torch_varlen_pad<D> the same, padded by the same code (bridge_patches.padded_heads);
 - torch_sdpa_per_image: scaled_dot_product_attention per image ([1, heads, s, 72]), PyTorch's backend choice.
 Each is timed as forward + backward over `iters` calls between CUDA events, `repeats` times after warm-up (median,
 min-max); FLOPs count the forward's two matmuls (4 s^2 h d per image) and a backward of twice that. Outputs are
@@ -59,28 +60,19 @@ def _inputs(lengths: list[int]) -> dict[str, Any]:
     return {"q": q, "k": k, "v": v, "grad": grad, "cu": cu, "max": max(lengths), "lengths": lengths}
 
 
-def _padded(attend: Callable[..., Any], dim: int) -> Callable[..., Any]:
-    """`attend` on q, k, v zero-padded to head dim `dim`, the output sliced back."""
-    import torch.nn.functional as F  # noqa: N812
-
-    def run(q: Any, k: Any, v: Any, cu: Any, mx: int, lengths: list[int]) -> Any:
-        if dim != HEAD_DIM:
-            q, k, v = (F.pad(x, (0, dim - HEAD_DIM)) for x in (q, k, v))
-        out = attend(q, k, v, cu, mx, lengths)
-        return out.view(q.shape)[..., :HEAD_DIM]
-
-    return run
-
-
 def te_fused(dim: int = HEAD_DIM) -> Callable[..., Any]:
-    import math
-
+    """TE's attention as the ViT builds it, at `dim` through the training code's own padding (bridge_patches)."""
     from transformer_engine.pytorch import DotProductAttention
 
-    dpa = DotProductAttention(HEADS, dim, qkv_format="thd", attn_mask_type="padding", attention_dropout=0.0,
-                              softmax_scale=1.0 / math.sqrt(HEAD_DIM))
-    return _padded(lambda q, k, v, cu, mx, lengths: dpa(q, k, v, cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=mx,
-                                                       max_seqlen_kv=mx), dim)
+    from vlmtrain.train import bridge_patches
+
+    dpa = DotProductAttention(HEADS, HEAD_DIM, qkv_format="thd", attn_mask_type="padding", attention_dropout=0.0)
+    bridge_patches.pad_head_dim(dpa, dim)
+
+    def run(q: Any, k: Any, v: Any, cu: Any, mx: int, lengths: list[int]) -> Any:
+        return dpa(q, k, v, cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=mx, max_seqlen_kv=mx).view(q.shape)
+
+    return run
 
 
 def torch_varlen(dim: int = HEAD_DIM) -> Callable[..., Any]:
@@ -88,8 +80,15 @@ def torch_varlen(dim: int = HEAD_DIM) -> Callable[..., Any]:
 
     from torch.nn.attention.varlen import varlen_attn
 
-    scale = 1.0 / math.sqrt(HEAD_DIM)
-    return _padded(lambda q, k, v, cu, mx, lengths: varlen_attn(q, k, v, cu, cu, mx, mx, scale=scale), dim)
+    from vlmtrain.train import bridge_patches
+
+    attend = functools.partial(varlen_attn, scale=1.0 / math.sqrt(HEAD_DIM))
+    attend = bridge_patches.padded_heads(attend, HEAD_DIM, dim) if dim != HEAD_DIM else attend
+
+    def run(q: Any, k: Any, v: Any, cu: Any, mx: int, lengths: list[int]) -> Any:
+        return attend(q, k, v, cu, cu, mx, mx)
+
+    return run
 
 
 def torch_sdpa_per_image() -> Callable[..., Any]:
