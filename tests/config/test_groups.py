@@ -246,6 +246,19 @@ TABLE: list[tuple[list[str], dict[str, object]]] = [
         {"rerun_state_machine.check_for_nan_in_loss": True, "ddp.check_for_nan_in_grad": True,
          "optimizer.loss_scale": None},
     ),
+    (  # stop_at_step_end: Megatron's checks (host syncs) off, no grad scaler: the metrics callback checks
+        ["train.on_nonfinite=stop_at_step_end"],
+        {"rerun_state_machine.check_for_nan_in_loss": False, "ddp.check_for_nan_in_grad": False,
+         "optimizer.loss_scale": None},
+    ),
+    (  # wgrad_fusion: Megatron's gradient-accumulation fusion on (off otherwise: it needs APEX without vlmtrain's)
+        ["kernels.wgrad_fusion=true"],
+        {"model.gradient_accumulation_fusion": True},
+    ),
+    (
+        ["kernels=fast"],
+        {"model.gradient_accumulation_fusion": False},
+    ),
     (  # skip: the checks off, Megatron's ConstantGradScaler(1.0) finds Inf/NaN grads and skips the update
         ["train.on_nonfinite=skip"],
         {"rerun_state_machine.check_for_nan_in_loss": False, "ddp.check_for_nan_in_grad": False,

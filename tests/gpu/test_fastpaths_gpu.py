@@ -1,7 +1,8 @@
 """vlmtrain.train.bridge_patches' GPU parts beside Bridge's code: TE's fused RoPE against Bridge's unfused rotation on
 packed rows at the 30B-A3B ViT's and decoder's head shapes (forward and gradient), pinned visual inputs, the ViT's
 attention at a padded head dim (TE's own module beside it, and in real training) and the ViT's host grid in real
-training. Run with `pytest -m gpu`."""
+training, the ViT's rope in bf16 and weight-gradient accumulation in the GEMM (alone and in real training). Run
+with `pytest -m gpu`."""
 
 from __future__ import annotations
 
@@ -147,3 +148,66 @@ def test_padded_vit_attention_trains_the_same_losses(tmp_path: Path) -> None:
     assert sorted(curves["128"]) == sorted(curves["null"]) == [0, 1, 2, 3]
     for step in range(4):
         assert abs(curves["128"][step] - curves["null"][step]) < 1e-2, (step, curves)
+
+
+def test_vit_rope_in_bf16_is_the_fp32_round_trip() -> None:
+    """kernels.rope=te hands the ViT's bf16 q/k to TE's kernel directly, without Bridge's fp32 round trip
+    (apply_rotary_pos_emb_in_fp32) around it: the kernel computes in fp32 and rounds once either way, so outputs
+    and gradients are bit for bit those of the round trip."""
+    from megatron.bridge.models.qwen_vl.modelling_qwen3_vl import rope
+
+    tokens, heads, dim, _ = SHAPES["vit"]
+    config = types.SimpleNamespace(apply_rope_fusion=False, apply_rotary_pos_emb_in_fp32=True,
+                                   rotary_interleaved=False)
+    torch.manual_seed(0)
+    t = torch.randn(tokens, heads, dim, device="cuda", dtype=torch.bfloat16)
+    freqs = torch.outer(torch.arange(tokens, device="cuda").float() % 97,
+                        torch.rand(dim // 2, device="cuda")).repeat(1, 2).view(tokens, 1, 1, dim)
+    cu = torch.tensor([0, tokens], device="cuda", dtype=torch.int32)
+    grad_out = torch.randn_like(t)
+
+    x0 = t.clone().requires_grad_()
+    y0 = bridge_patches._te_rope(x0.float(), freqs, False).to(torch.bfloat16)  # the round trip, fused inside
+    y0.backward(grad_out)
+    try:
+        bridge_patches.install_rope_te()
+        x1 = t.clone().requires_grad_()
+        y1 = rope.apply_rotary_pos_emb_absolute(x1, freqs, config, cu_seqlens=cu)
+        y1.backward(grad_out)
+    finally:
+        bridge_patches.uninstall()
+    assert y1.dtype == torch.bfloat16 and torch.equal(y1, y0) and torch.equal(x1.grad, x0.grad)
+    assert (y1.float() - t.float()).abs().max() > 0.1  # the rotation did something
+
+
+def test_te_wgrad_accumulation_adds_grad_output_t_input() -> None:
+    """What Megatron's non-TE linears call under kernels.wgrad_fusion: main_grad += grad_output^T @ input, in FP32,
+    twice (two micro-batches), against the same sum in FP32 torch."""
+    torch.manual_seed(0)
+    inp = [torch.randn(3000, 1152, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+    gout = [torch.randn(3000, 2048, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+    main_grad = torch.randn(2048, 1152, device="cuda", dtype=torch.float32)
+    want = main_grad + sum(g.float().t() @ x.float() for g, x in zip(gout, inp, strict=True))
+    for x, g in zip(inp, gout, strict=True):
+        bridge_patches.TEWgradAccumulation.wgrad_gemm_accum_fp32(x, g, main_grad)
+    torch.testing.assert_close(main_grad, want, rtol=1e-3, atol=1e-2)
+
+
+def test_wgrad_fusion_trains_the_same_losses(tmp_path: Path) -> None:
+    """train.py with kernels=fast under parallelism=3d (what H1 runs), then with kernels.wgrad_fusion (and the
+    non-finite check at the step's end, as experiment=perf_h200_best has both): the same first loss (the forward is
+    the same) and the same curve after, within the rounding of a BF16 gradient added in FP32 against FP32
+    accumulation in the GEMM."""
+    curves = {}
+    for on in ("false", "true"):
+        extra = ["kernels.wgrad_fusion=true", "train.on_nonfinite=stop_at_step_end"] if on == "true" else []
+        case = cases.Case(f"tiny_wgrad-fusion-{on}", 1, ["model=tiny", "parallelism=3d", "train.iterations=4",
+                                                        "train.global_batch_size=4", "kernels=fast", *extra])
+        proc = subprocess.run(cases.command(case, tmp_path / on), cwd=ROOT, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert ("wgrad_fusion" in (tmp_path / on / "ranks.log").read_text()) == (on == "true")  # replaced code
+        curves[on] = losses(tmp_path / on)
+    assert sorted(curves["true"]) == sorted(curves["false"]) == [0, 1, 2, 3]
+    assert curves["true"][0] == curves["false"][0]
+    for step in range(1, 4):
+        assert abs(curves["true"][step] - curves["false"][step]) < 1e-2, (step, curves)

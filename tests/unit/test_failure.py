@@ -75,6 +75,20 @@ def test_nonfinite_loss_stops_with_step_samples_and_last_checkpoint(tmp_path: Pa
     assert status == "nonfinite" and "samples [[3, 5], [1, 0]]" in reason and "iter_0000004" in reason
 
 
+def test_stop_at_step_end_stops_every_rank_on_the_grad_norm(tmp_path: Path, capsys: Any) -> None:
+    """train.on_nonfinite=stop_at_step_end leaves the check to the callback: a rank that writes no row (no loss
+    there) stops on the step's grad norm, the same on every rank, and its record says any micro-batch may hold it."""
+    run = compose(["train.on_nonfinite=stop_at_step_end"], output_dir=str(tmp_path))
+    cb = callback_at(run, 3, "decoder")
+    with pytest.raises(failure.NonFiniteStep) as raised:
+        cb._stop_if_nonfinite({"step": 3, "grad_norm": float("nan")})
+    code, rec, err = stop(run, raised.value, cb, capsys)
+    assert code == failure.EXIT["nonfinite"] and rec["step"] == 3 and rec["micro_batches"] == MICRO_BATCHES
+    assert rec["on_nonfinite"] == "stop_at_step_end" and "grad_norm=nan" in rec["error"]
+    assert "any of them: the step's loss and grad norm were checked at its end" in err
+    callback_at(run, 4, "other")._stop_if_nonfinite({"step": 4, "grad_norm": 2.0})  # finite: no raise
+
+
 def test_skip_mode_lets_a_nonfinite_step_pass(tmp_path: Path) -> None:
     run = compose(["train.on_nonfinite=skip"], output_dir=str(tmp_path))
     callback_at(run, 2, "other")._stop_if_nonfinite({"step": 2, "lm_loss": float("inf")})  # no raise

@@ -90,7 +90,7 @@ def test_install_only_what_the_options_ask_and_uninstall_restores() -> None:
         assert rope.apply_rotary_pos_emb_thd_absolute is originals[0]
         assert bridge_patches.install(compose(["kernels=fast", "kernels.vit_host_grid=true"])) == [
             "rope_te", "vit_positions", "pin_visual_inputs", "vit_host_grid", "mask_grid_only"]
-        assert len(bridge_patches.installed()) == 7
+        assert len(bridge_patches.installed()) == 9  # rope_te replaces three names: two in rope, one in attention
         assert rope.apply_rotary_pos_emb_thd_absolute is not originals[0]
         assert Qwen3VLVisionModel.rot_pos_emb is bridge_patches.rot_pos_emb
         assert GenericVisualInputs.pin_memory is bridge_patches.pin_memory
@@ -115,6 +115,49 @@ def test_vit_attention_pad_installs_on_the_vit_s_constructor() -> None:
     finally:
         bridge_patches.uninstall()
     assert Qwen3VLVisionModel.__init__ is init
+
+
+def test_wgrad_fusion_reaches_the_vit_and_megatron_s_own_linears() -> None:
+    """kernels.wgrad_fusion: the ViT's TransformerConfig, which Bridge builds from scratch, takes the decoder's
+    gradient_accumulation_fusion (Bridge's own code builds it from the real provider), and Megatron's non-TE linears
+    find TE's GEMM where they ask for APEX's extension; uninstall restores all of it."""
+    from megatron.bridge.models.qwen_vl.modelling_qwen3_vl import model
+    from megatron.core.tensor_parallel import layers
+
+    from vlmtrain.build import container
+
+    run = compose(["kernels.wgrad_fusion=true"])
+    provider = container.build(run).model
+    assert provider.gradient_accumulation_fusion is True
+    assert model.get_vision_model_config(provider.vision_config, megatron_config=provider
+                                         ).gradient_accumulation_fusion is False  # Bridge's: never copied
+    assert layers._grad_accum_fusion_available is False and not hasattr(layers, "fused_weight_gradient_mlp_cuda")
+    try:
+        assert bridge_patches.install(run) == ["wgrad_fusion"]
+        vit = model.get_vision_model_config(provider.vision_config, megatron_config=provider)
+        assert vit.gradient_accumulation_fusion is True and vit.hidden_size == run.model.vit.hidden_size
+        assert layers._grad_accum_fusion_available is True
+        assert layers.fused_weight_gradient_mlp_cuda is bridge_patches.TEWgradAccumulation
+    finally:
+        bridge_patches.uninstall()
+    assert layers._grad_accum_fusion_available is False and not hasattr(layers, "fused_weight_gradient_mlp_cuda")
+    assert model.get_vision_model_config(provider.vision_config, megatron_config=provider
+                                         ).gradient_accumulation_fusion is False
+
+
+def test_vit_config_copies_stack_and_unwind() -> None:
+    """Two replacements wrap Bridge's get_vision_model_config (vit_quantized, wgrad_fusion): both copies apply, and
+    uninstall unwinds them latest first, back to Bridge's function."""
+    from megatron.bridge.models.qwen_vl.modelling_qwen3_vl import model
+
+    original = model.get_vision_model_config
+    try:
+        bridge_patches.install_vit_quantized()
+        bridge_patches.install_wgrad_fusion()
+        assert model.get_vision_model_config is not original
+    finally:
+        bridge_patches.uninstall()
+    assert model.get_vision_model_config is original
 
 
 def test_rope_falls_back_to_bridge_unless_one_freqs_row_per_token() -> None:

@@ -22,6 +22,8 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     "cutlass_grouped_gemm_needs_sm90": (["kernels=fast", "hardware=b200"], ["kernels=fast", "hardware=h100"]),
     "vit_attention_head_dim_pads": ([*B30, "kernels.vit_attention_head_dim=64"],
                                     [*B30, "kernels.vit_attention_head_dim=128"]),
+    "wgrad_fusion_under_fsdp": (["parallelism=fsdp", "kernels.wgrad_fusion=true"],
+                                ["parallelism=3d", "kernels.wgrad_fusion=true"]),
     "fsdp_needs_pp1": (["parallelism=fsdp", "parallelism.pp=2"], ["parallelism=fsdp"]),
     "fsdp_checkpoint_format": (
         ["parallelism=fsdp", "+bridge.checkpoint.ckpt_format=torch_dist"],

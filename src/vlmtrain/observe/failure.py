@@ -4,7 +4,8 @@
   function's `rerun_state_machine.validate_result` (rerun_state_machine.check_for_nan_in_loss: "Unexpected result
   nan/inf") and the gradient buckets' check before the data-parallel reduce (ddp.check_for_nan_in_grad; Megatron-
   FSDP's "Detected NaN or Inf in wgrad"); the metrics callback raises NonFiniteStep for a non-finite loss or grad
-  norm that got past them. The record names the step, the sample ids of this rank's micro-batches of that step
+  norm that got past them (under `train.on_nonfinite=stop_at_step_end`, which turns Megatron's checks off, it is the
+  check). The record names the step, the sample ids of this rank's micro-batches of that step
   (vlmtrain.data.sample_ids; the last one is the micro-batch whose loss was checked when a loss check fired) and
   the last checkpoint saved before it ("none" when there is none).
 - Out of memory (torch.OutOfMemoryError, or the CPU allocator's failure): the component the step timer was inside
@@ -97,9 +98,12 @@ def message(rec: dict[str, Any]) -> str:
     where += f" on rank {rec['rank']}"
     if rec["kind"] == "nonfinite":
         ids = rec["micro_batches"]
+        culprit = ("any of them: the step's loss and grad norm were checked at its end"
+                   if rec.get("on_nonfinite") == "stop_at_step_end"
+                   else "the last one being the one whose loss was checked")
         return (f"[vlmtrain] STOPPED: non-finite loss or gradient at {where} ({rec['error'][:300]}). This rank's "
                 f"micro-batches of that step held samples {ids} (sample_index: rows of the prepared dataset; "
-                f"samples.jsonl lists every step's), the last one being the one whose loss was checked. "
+                f"samples.jsonl lists every step's), {culprit}. "
                 f"Last good checkpoint: {rec['last_checkpoint']}. Relaunching the same command resumes from it; "
                 f"train.on_nonfinite=skip skips such steps instead. Record: {rec['path']}.")
     return (f"[vlmtrain] STOPPED: out of memory at {where} while in the {rec['component']} component "

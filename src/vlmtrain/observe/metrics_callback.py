@@ -10,7 +10,8 @@ Also per step: `samples.jsonl`, one row per data-parallel rank (written by that 
 first pipeline stage, from the ids the step counters took off its batches: no communication) with the sample
 indices of each of its micro-batches; `skipped_steps` (Bridge's skipped_iter: an update Megatron skipped under
 train.on_nonfinite=skip); and under on_nonfinite=stop a non-finite loss or grad norm that Megatron's own checks
-let through stops the run (observe.failure.NonFiniteStep).
+let through stops the run (observe.failure.NonFiniteStep): under stop_at_step_end, which turns those checks off,
+this is the check.
 """
 
 from __future__ import annotations
@@ -88,6 +89,11 @@ def step_rates(run: RunConfig, counts: dict[str, Any], fl: flops.Flops, step_s: 
 def loss_values(loss_dict: dict[str, Any] | None) -> dict[str, float]:
     """Bridge's loss dict as row keys ("lm loss" -> lm_loss), tensors as floats."""
     return {k.replace(" ", "_"): float(v.item() if hasattr(v, "item") else v) for k, v in (loss_dict or {}).items()}
+
+
+def grad_norm(context: Any) -> dict[str, float]:
+    """The step's grad norm as Bridge hands it to callbacks (Megatron's, over all ranks; absent without clipping)."""
+    return {} if context.grad_norm is None else {"grad_norm": float(context.grad_norm)}
 
 
 class MetricsCallback(Callback):
@@ -180,15 +186,17 @@ class MetricsCallback(Callback):
         # This rank's host time in vlmtrain's per-step code (counting the batches, the step timer's hooks and CUDA
         # event marks, this callback up to here): what vlmtrain adds to every step on the host.
         host_s = self.counters.host_s + self.timer.host_s + time.perf_counter() - t_end
-        self.counters.reset()
         if not self._is_writer():
+            self._stop_if_nonfinite({"step": context.state.train_state.step, **grad_norm(context)})
+            self.counters.reset()
             return
         row = self._row(context, vec.tolist(), peak_gib, step_s)
         row["vlmtrain_host_s"] = host_s
         if self.train_start is not None:  # the first row: what came before the first step ended
             row.update(startup.first_row(self.train_start, time.time()))
             self.train_start = None
-        self._stop_if_nonfinite(row)
+        self._stop_if_nonfinite(row)  # before the reset: the failure record names this step's sample ids
+        self.counters.reset()
         row.update(timing.row(dict(zip(TIMED, timed, strict=True)), step_s), data_host_s=timed[-1])
         self._hint_if_data_bound(row)
         row.update(megatron_numbers(context.state.cfg, batch_size, stats, step_s, dist.get_world_size()))
@@ -221,11 +229,13 @@ class MetricsCallback(Callback):
                                          "dp_rank": ps.get_data_parallel_rank(), "micro_batches": ids})
 
     def _stop_if_nonfinite(self, row: dict[str, Any]) -> None:
-        """on_nonfinite=stop: a loss or grad norm that is not finite ends the run here (written first)."""
+        """on_nonfinite=stop / stop_at_step_end: a loss or grad norm that is not finite ends the run here (the writer
+        writes its row first), before Bridge saves any checkpoint of this step. The grad norm is the same on every
+        rank (Megatron reduces it over all of them), so every rank stops on it, not only the writer."""
         import math
 
         bad = {k: row[k] for k in ("lm_loss", "grad_norm") if k in row and not math.isfinite(row[k])}
-        if bad and self.run.train.on_nonfinite == "stop":
+        if bad and self.run.train.on_nonfinite != "skip":
             append_jsonl(self.path, row)
             from vlmtrain.observe.failure import NonFiniteStep
 
@@ -240,6 +250,5 @@ class MetricsCallback(Callback):
         fl = flops.Flops(*vals[len(COUNTERS):])
         row.update(step_rates(self.run, row, fl, step_s, self.resolved.layout.world_size))
         row.update(loss_values(context.loss_dict))
-        if context.grad_norm is not None:
-            row["grad_norm"] = float(context.grad_norm)
+        row.update(grad_norm(context))
         return row

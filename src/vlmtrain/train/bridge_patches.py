@@ -1,6 +1,6 @@
-"""Drop-in replacements for six Bridge Qwen3-VL hot spots that profiles found (the issue-9 best case's,
-results/profile_h200x2.jsonl; vit_host_grid and vit_attention_pad H1's, results/profile_h200.jsonl; mask_grid_only
-the loader's, results/collate_cpu.jsonl): the same results, meant to be faster.
+"""Drop-in replacements for seven Bridge / Megatron hot spots that profiles found (the issue-9 best case's,
+results/profile_h200x2.jsonl; vit_host_grid, vit_attention_pad and wgrad_fusion H1's, results/profile_h200.jsonl;
+mask_grid_only the loader's, results/collate_cpu.jsonl): the same results, meant to be faster.
 The kernels group decides which (`replacements`); `install()` puts them in place once per training process, before
 Bridge builds the model.
 
@@ -9,7 +9,9 @@ Bridge builds the model.
   fp32): 249 ms of forward kernels in the profiled step, 8 % of the GPU's busy time; the backward of those ops runs
   outside Python frames, so the profile cannot name its share. Bridge's freqs there are absolute, one row per
   token ([t, 1, 1, d]), which is exactly what TE's fused kernel applies to an sbhd tensor with s = t and b = 1.
-  TE computes in fp32 and rounds once (the ViT path did the same; the decoder's bf16 path rounded each op).
+  TE computes in fp32 and rounds once (the ViT path did the same; the decoder's bf16 path rounded each op), so the
+  ViT's q and k go to it in bf16, without Bridge's fp32 round trip around it (four casts per layer; bit for bit the
+  same outputs and gradients).
 - vit_positions: `Qwen3VLVisionModel.fast_pos_embed_interpolate` builds Python lists of 4 indices and 4 weights per
   patch (~280k list items per micro-batch) and syncs once per image; `rot_pos_emb` launches ~10 tiny kernels per
   image. Here both build their index tensors on the host with tensor ops, rows already in the 2x2-merge order, and
@@ -30,6 +32,12 @@ Bridge builds the model.
   resized, normalized and patchified every image (48 % of a worker's time per H1 row, results/collate_cpu.jsonl).
   During that call the image processor computes each image's grid alone (the same smart_resize), which is all
   the token ids depend on: the same masks, no pixels (tests/unit/test_fastpaths.py compares whole rows).
+
+- wgrad_fusion: Bridge builds the model with gradient_accumulation_fusion off, since Megatron's non-TE linears (the
+  ViT mergers, the output layer) then call APEX's fused_weight_gradient_mlp_cuda, absent here; so every weight
+  gradient was written in BF16 and added to its FP32 main grad by Megatron's grad hook (72 ms of adds and 42 ms of
+  GPU idle in the H1 step). Here kernels.apply turns the fusion on, the ViT's config (built from scratch by Bridge)
+  takes it too, and those linears get TE's accumulating GEMM where they ask for APEX's.
 
 Always installed, whatever the groups say (`install_redaction`): Bridge writes the whole ConfigContainer next to
 every checkpoint (checkpointing.save_checkpoint -> `cfg.to_yaml(<iter dir>/run_config.yaml)`), hands
@@ -64,8 +72,8 @@ def _replace(name: str, owner: Any, attr: str, new: Any) -> None:
 
 
 def uninstall() -> None:
-    """Restore every replaced attribute (tests)."""
-    for owner, attr, original in _installed.values():
+    """Restore every replaced attribute (tests), the latest first: two replacements may wrap one attribute."""
+    for owner, attr, original in reversed(_installed.values()):
         if original is None:
             delattr(owner, attr)
         else:
@@ -80,21 +88,40 @@ def installed() -> list[str]:
 # --- rope_te ------------------------------------------------------------------------------------------------------
 
 
-def install_rope_te() -> None:
-    from megatron.bridge.models.qwen_vl.modelling_qwen3_vl import rope
+def _one_freqs_row_per_token(t: Any, freqs: Any) -> bool:
+    """Bridge's absolute freqs as TE's fused kernel reads them: [t, 1, 1, d], row i for token i of t [t, h, d]."""
+    return freqs.dim() == 4 and freqs.shape[0] == t.shape[0] and freqs.shape[1:3] == (1, 1)
 
-    unfused = rope.apply_rotary_pos_emb_thd_absolute
+
+def _te_rope(t: Any, freqs: Any, interleaved: bool) -> Any:
+    """TE's fused RoPE on [t, h, d] as an sbhd tensor with s = t, b = 1 (it computes in fp32, in t's dtype out)."""
+    from transformer_engine.pytorch.attention.rope import apply_rotary_pos_emb
+
+    return apply_rotary_pos_emb(t[:, None], freqs, tensor_format="sbhd", interleaved=interleaved,
+                                fused=True).squeeze(1)
+
+
+def install_rope_te() -> None:
+    from megatron.bridge.models.qwen_vl.modelling_qwen3_vl import attention, rope
+
+    unfused_thd, unfused_absolute = rope.apply_rotary_pos_emb_thd_absolute, rope.apply_rotary_pos_emb_absolute
 
     def apply_rotary_pos_emb_thd_absolute(t: Any, cu_seqlens: Any, freqs: Any, rotary_interleaved: bool = False) -> Any:
         """TE's fused RoPE on [t, 1, h, d] with per-token freqs [t, 1, 1, d]; anything else goes to Bridge's."""
-        if freqs.dim() != 4 or freqs.shape[0] != t.shape[0] or freqs.shape[1:3] != (1, 1):
-            return unfused(t, cu_seqlens, freqs, rotary_interleaved=rotary_interleaved)
-        from transformer_engine.pytorch.attention.rope import apply_rotary_pos_emb
+        if not _one_freqs_row_per_token(t, freqs):
+            return unfused_thd(t, cu_seqlens, freqs, rotary_interleaved=rotary_interleaved)
+        return _te_rope(t, freqs, rotary_interleaved)
 
-        out = apply_rotary_pos_emb(t[:, None], freqs, tensor_format="sbhd", interleaved=rotary_interleaved, fused=True)
-        return out.squeeze(1)
+    def apply_rotary_pos_emb_absolute(t: Any, freqs: Any, config: Any, cu_seqlens: Any = None) -> Any:
+        """Packed rows straight to TE's kernel in t's dtype: it computes in fp32 and rounds once, which is what
+        Bridge's fp32 round trip (apply_rotary_pos_emb_in_fp32, the ViT's) did around it, at four casts less."""
+        if cu_seqlens is None or config.apply_rope_fusion or not _one_freqs_row_per_token(t, freqs):
+            return unfused_absolute(t, freqs, config, cu_seqlens=cu_seqlens)
+        return _te_rope(t, freqs, config.rotary_interleaved)
 
     _replace("rope_te", rope, "apply_rotary_pos_emb_thd_absolute", apply_rotary_pos_emb_thd_absolute)
+    _replace("rope_te_absolute", rope, "apply_rotary_pos_emb_absolute", apply_rotary_pos_emb_absolute)
+    _replace("rope_te_attention", attention, "apply_rotary_pos_emb_absolute", apply_rotary_pos_emb_absolute)
 
 
 # --- vit_positions ------------------------------------------------------------------------------------------------
@@ -310,22 +337,56 @@ VIT_QUANTIZED_FIELDS = ("fp8", "fp8_recipe", "fp8_margin", "fp8_amax_history_len
 ViT keeps BF16 weights, and never the BF16 first/last-layer counts, which index decoder layers)."""
 
 
-def install_vit_quantized() -> None:
-    """vit_quantized: Bridge builds the ViT's TransformerConfig from scratch and copies no FP8/FP4 field into it,
-    so the vision tower runs BF16 under every recipe; this copies the decoder's format into it."""
+def _copy_into_vit_config(name: str, fields: tuple[str, ...]) -> None:
+    """Bridge builds the ViT's TransformerConfig from scratch (get_vision_model_config) and copies only some of the
+    decoder's fields into it; from now on `fields` are copied too (installed as `name`, wrapping any earlier copy)."""
     from megatron.bridge.models.qwen_vl import qwen35_vl_provider
     from megatron.bridge.models.qwen_vl.modelling_qwen3_vl import model
 
-    original = model.get_vision_model_config
+    for owner in (model, qwen35_vl_provider):
+        original = owner.get_vision_model_config
 
-    def get_vision_model_config(hf_config: Any, megatron_config: Any = None) -> Any:
-        config = original(hf_config, megatron_config=megatron_config)
-        for name in VIT_QUANTIZED_FIELDS:
-            setattr(config, name, getattr(megatron_config, name))
-        return config
+        def get_vision_model_config(hf_config: Any, megatron_config: Any = None, original: Any = original) -> Any:
+            config = original(hf_config, megatron_config=megatron_config)
+            for field in fields:
+                setattr(config, field, getattr(megatron_config, field))
+            return config
 
-    _replace("vit_quantized", model, "get_vision_model_config", get_vision_model_config)
-    _replace("vit_quantized_qwen35", qwen35_vl_provider, "get_vision_model_config", get_vision_model_config)
+        _replace(f"{name}_{owner.__name__.rsplit('.', 1)[-1]}", owner, "get_vision_model_config",
+                 get_vision_model_config)
+
+
+def install_vit_quantized() -> None:
+    """vit_quantized: the ViT takes the decoder's number format (Bridge's ViT runs BF16 under every recipe)."""
+    _copy_into_vit_config("vit_quantized", VIT_QUANTIZED_FIELDS)
+
+
+# --- wgrad_fusion -------------------------------------------------------------------------------------------------
+
+
+class TEWgradAccumulation:
+    """What Megatron's non-TE linears (the ViT mergers, the output layer) call APEX's fused_weight_gradient_mlp_cuda
+    for under gradient_accumulation_fusion, on TE's GEMM: main_grad += grad_output^T @ input, accumulated in
+    main_grad's dtype by the GEMM itself, as TE's own linears do."""
+
+    @staticmethod
+    def wgrad_gemm_accum_fp32(total_input: Any, grad_output: Any, main_grad: Any) -> None:
+        from transformer_engine.pytorch.cpp_extensions import general_gemm
+
+        general_gemm(total_input, grad_output, out_dtype=main_grad.dtype, layout="NT", out=main_grad,
+                     accumulate=True, grad=True)
+
+    wgrad_gemm_accum_fp16 = wgrad_gemm_accum_fp32
+
+
+def install_wgrad_fusion() -> None:
+    """wgrad_fusion: weight gradients accumulate into the FP32 main grads inside their GEMMs
+    (model.gradient_accumulation_fusion, which kernels.apply sets), in the ViT too, and without APEX."""
+    from megatron.core.tensor_parallel import layers
+
+    _replace("wgrad_fusion_apex", layers, "fused_weight_gradient_mlp_cuda", TEWgradAccumulation)
+    _replace("wgrad_fusion_available", layers, "_grad_accum_fusion_available", True)
+    _copy_into_vit_config("wgrad_fusion", ("gradient_accumulation_fusion",))
 
 
 # --- redaction (always) -------------------------------------------------------------------------------------------
@@ -383,7 +444,8 @@ INSTALL: dict[str, Callable[[RunConfig], None]] = {
     "rope_te": lambda run: install_rope_te(), "vit_positions": lambda run: install_vit_positions(),
     "pin_visual_inputs": lambda run: install_pin_visual_inputs(), "vit_host_grid": lambda run: install_vit_host_grid(),
     "vit_quantized": lambda run: install_vit_quantized(), "mask_grid_only": lambda run: install_mask_grid_only(),
-    "vit_attention_pad": lambda run: install_vit_attention_pad(run.kernels.vit_attention_head_dim)}
+    "vit_attention_pad": lambda run: install_vit_attention_pad(run.kernels.vit_attention_head_dim),
+    "wgrad_fusion": lambda run: install_wgrad_fusion()}
 """Each replacement's installer, given the run (only vit_attention_pad reads it: its head dim)."""
 
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from vlmtrain.config import architecture as arch
 from vlmtrain.config.groups.dispatcher import Backend
+from vlmtrain.config.groups.kernels import CrossEntropy
 from vlmtrain.config.groups.recompute import Granularity, Method
 
 if TYPE_CHECKING:
@@ -18,10 +19,12 @@ if TYPE_CHECKING:
 GIB = 2**30
 BF16 = 2
 FP32 = 4
-LOGITS_BYTES = BF16 + 2 * FP32
-"""Per logit element: BF16 output-layer logits + the FP32 copy that Megatron's fused vocab-parallel cross entropy
-makes and keeps as softmax for backward + the FP32 gradient built from it. 10 B matches the tiny-model runs,
-whose peak is almost only logits: (7.14 - 1.15) GiB / (4096 x 151936) = 10.1 B (3D EP2, seq 4096)."""
+LOGITS_BYTES = {CrossEntropy.native: BF16 + 2 * FP32, CrossEntropy.te: 2 * BF16}
+"""Per logit element, by kernels.cross_entropy. native: BF16 output-layer logits + the FP32 copy that Megatron's
+fused vocab-parallel cross entropy makes and keeps as softmax for backward + the FP32 gradient built from it; 10 B
+matches the tiny-model runs, whose peak is almost only logits: (7.14 - 1.15) GiB / (4096 x 151936) = 10.1 B (3D EP2,
+seq 4096). te: the BF16 logits + the BF16 copy TE's cross entropy saves for backward (its backward writes the
+gradient into that copy); benchmarks/logits_memory.py measures both (results/logits_memory_h200.jsonl)."""
 FLEX_DISPATCHER_BUFFER_GIB = 1.0
 """DeepEP/HybridEP communication buffers, allocated once per process by Megatron's fused_a2a. Assumed, not
 measured (no flex-dispatcher run on record)."""
@@ -132,8 +135,8 @@ def vision_activation_bytes(run: RunConfig, lay: Layout, patches: float, infligh
 
 
 def logits_bytes(run: RunConfig, lay: Layout, tokens: float) -> float:
-    """Output-layer logits and cross-entropy buffers: tokens x vocab/TP x 10 B (LOGITS_BYTES), one micro-batch."""
-    return tokens * run.model.vocab_size / lay.tp * LOGITS_BYTES
+    """Output-layer logits and cross-entropy buffers of one micro-batch: tokens x vocab/TP x LOGITS_BYTES."""
+    return tokens * run.model.vocab_size / lay.tp * LOGITS_BYTES[run.kernels.cross_entropy]
 
 
 def cuda_graph_bytes(run: RunConfig, lay: Layout, tokens: float) -> float:

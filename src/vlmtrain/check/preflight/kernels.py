@@ -1,4 +1,5 @@
-"""Preflight rules: kernels x hardware and model (the CUTLASS grouped GEMM, the ViT's attention head dim)."""
+"""Preflight rules: kernels x hardware, model and layout (the CUTLASS grouped GEMM, the ViT's attention head dim,
+weight-gradient fusion)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import TYPE_CHECKING
 from vlmtrain.check.preflight.registry import Severity, rule
 from vlmtrain.config import architecture
 from vlmtrain.config.groups.kernels import GroupedGemm
+from vlmtrain.config.groups.parallelism import Kind as ParKind
 
 if TYPE_CHECKING:
     from vlmtrain.config.resolve import Resolved
@@ -32,3 +34,13 @@ def vit_attention_head_dim_pads(run: RunConfig, res: Resolved) -> str | None:
     return (f"kernels.vit_attention_head_dim={dim}: model={run.model.name}'s ViT heads have {own} channels, and the "
             f"padded head dim must be a multiple of 8 from {own} to 256. Use e.g. "
             f"kernels.vit_attention_head_dim={max(128, -(-own // 8) * 8)}, or null (the model's).")
+
+
+@rule(Severity.warning)
+def wgrad_fusion_under_fsdp(run: RunConfig, res: Resolved) -> str | None:
+    """Megatron-FSDP has its own path for fused weight gradients (TE >= 2.10); this project measured 3D only."""
+    if run.kernels.wgrad_fusion and run.parallelism.kind == ParKind.fsdp:
+        return ("kernels.wgrad_fusion=true with parallelism=fsdp: Megatron-FSDP writes fused weight gradients its own "
+                "way, and vlmtrain has trained with kernels.wgrad_fusion under parallelism=3d only (tests/gpu/"
+                "test_fastpaths_gpu.py). Compare its losses with kernels.wgrad_fusion=false before relying on it.")
+    return None

@@ -5,10 +5,10 @@
 | default | multistream: a cuBLAS GEMM per local expert, streams | unfused                | native        |
 | fast    | cutlass: one CUTLASS grouped GEMM (SM90 only)        | TE fused top-k         | te            |
 
-| option  | rope (packed rows)   | vit_positions            | pin_visual_inputs       | vit_host_grid | mask_grid_only |
-|---------|----------------------|--------------------------|-------------------------|---------------|----------------|
-| default | Bridge's unfused ops | Bridge's per-image loops | false (pageable pixels) | false         | false          |
-| fast    | te: fused kernel     | vectorized: host indices | true                    | false         | true           |
+| option  | rope (packed rows) | vit_positions        | pin_visual_inputs | vit_host_grid | mask_grid_only | wgrad |
+|---------|--------------------|----------------------|-------------------|---------------|----------------|-------|
+| default | Bridge's unfused   | Bridge's image loops | false (pageable)  | false         | false          | false |
+| fast    | te: fused kernel   | vectorized (host)    | true              | false         | true           | false |
 
 `default` is what Bridge does unless told otherwise. `fast` is what the issue-9 kernels sweep measured on 2 x H200
 (results/perf_h200x2.jsonl, one machine lease, same step-1 loss): CUTLASS grouped GEMM 1.13x useful tokens/s at
@@ -16,14 +16,15 @@ packed MBS 8 (TE #2045: per-expert GEMMs are small and many in fine-grained MoE)
 entropy 0.97x (no speed change within noise) at 8 GiB less peak memory, which let MBS grow from 8 to 12.
 TE reads NVTE_USE_CUTLASS_GROUPED_GEMM from the environment when it runs a grouped GEMM, so `env()` feeds
 hardware.runtime_env (exported before torch is imported), not a Bridge field.
-`rope`, `vit_positions`, `pin_visual_inputs`, `vit_host_grid`, `mask_grid_only` and `vit_attention_head_dim` replace
-Bridge Qwen3-VL code paths that profiles found slow (vlmtrain.train.bridge_patches says what each does and installs
-them in each training process, whose loader workers inherit them); `vit_host_grid` is not in `fast`
-(docs/measurements.md, "Host syncs at H1"); `mask_grid_only` builds the same rows with less loader CPU
+`rope`, `vit_positions`, `pin_visual_inputs`, `vit_host_grid`, `mask_grid_only`, `vit_attention_head_dim` and
+`wgrad_fusion` replace Bridge / Megatron code paths that profiles found slow (vlmtrain.train.bridge_patches says what
+each does and installs them in each training process, whose loader workers inherit them); `vit_host_grid` is not in
+`fast` (docs/measurements.md, "Host syncs at H1"); `mask_grid_only` builds the same rows with less loader CPU
 (results/collate_cpu.jsonl). `vit_attention_head_dim` (null: the model's) is a head dim to run the ViT's attention
 at, zero-padded from the model's: exact, and worth it where the attention kernel is faster at that dim
 (benchmarks/vit_attention.py measures each). No option sets it: the best dim depends on the model and the card, and
-the padded tensors TE keeps put H1 on one H200 over the worst-case memory estimate (docs/measurements.md).
+TE keeps the padded tensors (the memory estimate counts them); `experiment=perf_h200_best` does. `wgrad_fusion` (wgrad)
+is in that preset too, measured only together with its other changes (docs/measurements.md), hence not in `fast`.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
 
     from vlmtrain.config.schema import RunConfig
 
-OWNS = frozenset({"model.moe_router_fusion", "model.cross_entropy_fusion_impl"})
+OWNS = frozenset({"model.moe_router_fusion", "model.cross_entropy_fusion_impl", "model.gradient_accumulation_fusion"})
 CUTLASS_ENV = "NVTE_USE_CUTLASS_GROUPED_GEMM"
 
 
@@ -83,6 +84,10 @@ class KernelsConfig:
     vit_attention_head_dim: int | None = None
     """Run the ViT's attention at this head dim (a multiple of 8, at least the model's ViT head dim): q, k and v
     zero-padded, the output sliced back, the softmax scale the model's. null: the model's head dim."""
+    wgrad_fusion: bool = False
+    """Weight-gradient GEMMs accumulate into the FP32 main grads themselves (model.gradient_accumulation_fusion, the
+    ViT's too), instead of writing a BF16 gradient that Megatron's grad hook then adds (one more pass over every
+    weight per micro-batch). Megatron's non-TE linears get it from TE's GEMM, not APEX."""
 
 
 def env(run: RunConfig) -> dict[str, str]:
@@ -92,6 +97,8 @@ def env(run: RunConfig) -> dict[str, str]:
 def apply(run: RunConfig, cfg: ConfigContainer) -> None:
     cfg.model.moe_router_fusion = run.kernels.router_fusion
     cfg.model.cross_entropy_fusion_impl = str(run.kernels.cross_entropy)
+    # off by default: without APEX, Megatron's non-TE linears (the ViT mergers) fail unless wgrad_fusion installs
+    cfg.model.gradient_accumulation_fusion = run.kernels.wgrad_fusion
 
 
 def replacements(run: RunConfig) -> list[str]:
@@ -99,5 +106,6 @@ def replacements(run: RunConfig) -> list[str]:
     k = run.kernels
     chosen = {"rope_te": k.rope == Rope.te, "vit_positions": k.vit_positions == VitPositions.vectorized,
               "pin_visual_inputs": k.pin_visual_inputs, "vit_host_grid": k.vit_host_grid,
-              "mask_grid_only": k.mask_grid_only, "vit_attention_pad": k.vit_attention_head_dim is not None}
+              "mask_grid_only": k.mask_grid_only, "vit_attention_pad": k.vit_attention_head_dim is not None,
+              "wgrad_fusion": k.wgrad_fusion}
     return [name for name, on in chosen.items() if on]

@@ -44,7 +44,6 @@ the other groups then write their OWNS fields into it, so none of theirs is this
 OWNS = frozenset(
     {
         "model.seq_length",
-        "model.gradient_accumulation_fusion",
         "model.apply_rope_fusion",
     }
 )
@@ -219,7 +218,5 @@ def apply(run: RunConfig, cfg: ConfigContainer) -> None:
     from vlmtrain.config.groups.data import row_length
 
     cfg.model.seq_length = row_length(run)  # a packed run's row: CUDA graphs and pipeline buffers are capacity x 1
-    # Without APEX, gradient-accumulation fusion in a non-TE ColumnParallelLinear (the ViT merger) fails;
-    # mRoPE has no fused kernel (runtime assert). Both verified on H200 (../shared/notes/STACK.md).
-    cfg.model.gradient_accumulation_fusion = False
+    # mRoPE has no fused kernel in Bridge (runtime assert; ../shared/notes/STACK.md): kernels.rope replaces its path
     cfg.model.apply_rope_fusion = False

@@ -13,10 +13,13 @@
 
 on_nonfinite: `stop` (default) keeps Megatron's checks on: a NaN/Inf loss (checked per micro-batch) or local
 gradient (checked per bucket before the data-parallel reduce) raises, and the worker stops the run with a record
-(vlmtrain.observe.failure). `skip` turns those fatal checks off and gives the optimizer a constant loss scale of 1.0
-(the precision group writes it: Megatron's ConstantGradScaler), so Megatron's optimizer finds the Inf/NaN in the
-reduced gradients and skips that step's update (Bridge's skipped_iter, counted in metrics.jsonl `skipped_steps`);
-it costs one host sync per step (the found-inf flag).
+(vlmtrain.observe.failure). Each of those checks is a host sync (two per micro-batch, two per gradient bucket).
+`stop_at_step_end` turns them off and checks the step's loss and grad norm, which reach the host at the step's end
+anyway, in the metrics callback: the same stop and record, before any checkpoint of that step is written, one step's
+update later (the NaN update is never saved) and without naming the bucket. `skip` turns those fatal checks off and
+gives the optimizer a constant loss scale of 1.0 (the precision group writes it: Megatron's ConstantGradScaler), so
+Megatron's optimizer finds the Inf/NaN in the reduced gradients and skips that step's update (Bridge's skipped_iter,
+counted in metrics.jsonl `skipped_steps`); it costs one host sync per step (the found-inf flag).
 
 Any other Bridge field: `+bridge.<section>.<field>=<value>` (applied through Bridge's own override parser,
 which rejects unknown fields).
@@ -58,6 +61,7 @@ OWNS = frozenset(
 
 class OnNonfinite(StrEnum):
     stop = "stop"
+    stop_at_step_end = "stop_at_step_end"
     skip = "skip"
 
 
@@ -83,7 +87,8 @@ class TrainConfig:
     profiled step runs slower (tracing, then writing the trace). null = no profiler."""
     on_nonfinite: OnNonfinite = OnNonfinite.stop
     """stop: a NaN/Inf loss or gradient stops the run at once, naming the step, its samples and the last good
-    checkpoint (<run dir>/failure-rank<N>.json). skip: Megatron skips that step's update and the run goes on
+    checkpoint (<run dir>/failure-rank<N>.json). stop_at_step_end: the same stop, from the step's loss and grad norm
+    at its end (no host sync per micro-batch and bucket). skip: Megatron skips that step's update and the run goes on
     (skipped_steps in metrics.jsonl)."""
 
 
@@ -103,9 +108,10 @@ def apply(run: RunConfig, cfg: ConfigContainer) -> None:
     cfg.checkpoint.load = ckpt
     cfg.checkpoint.save_interval = t.save_interval
     cfg.logger.log_interval = t.log_interval
-    stop = t.on_nonfinite == OnNonfinite.stop  # skip: the optimizer's constant loss scale finds them (precision)
-    cfg.rerun_state_machine.check_for_nan_in_loss = stop
-    cfg.ddp.check_for_nan_in_grad = stop
+    # stop_at_step_end: the metrics callback checks; skip: the optimizer's constant loss scale finds them (precision)
+    megatron_checks = t.on_nonfinite == OnNonfinite.stop
+    cfg.rerun_state_machine.check_for_nan_in_loss = megatron_checks
+    cfg.ddp.check_for_nan_in_grad = megatron_checks
     cfg.profiling, cfg.logger.tensorboard_dir = None, None
     if t.profile_step is not None:
         from megatron.bridge.training.config import ProfilingConfig

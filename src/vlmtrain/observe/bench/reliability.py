@@ -8,6 +8,8 @@ per check to results/reliability.jsonl; tests/gpu/test_reliability.py asserts th
 - nonfinite_stop: `+bridge.model.init_method_std=1e20` makes the first forward overflow BF16, so the loss is NaN at
   step 0 (a way to a real NaN, not yet seen on a GPU: if the loss stays finite the check fails saying so); the
   run must stop with exit status 4 and a record naming step 0, its sample ids and "none" (no checkpoint yet).
+- nonfinite_stop_at_step_end: the same with train.on_nonfinite=stop_at_step_end (Megatron's checks off, the step's
+  loss and grad norm checked at its end): the same status and record.
 - nonfinite_skip: the same with train.on_nonfinite=skip: the run ends normally and metrics.jsonl counts every
   step as skipped.
 - oom: MBS 256 at seq 4096 (the logits alone need ~1 TB; preflight.ignore=[memory_fits]) must stop (status 5) with a
@@ -64,10 +66,11 @@ def secrets(out: Path) -> tuple[bool, dict[str, Any], str]:
     return rc == 0 and redacted and not metrics["leaks"], metrics, command(overrides)
 
 
-def nonfinite_stop(out: Path) -> tuple[bool, dict[str, Any], str]:
-    overrides = [*TINY, "train.iterations=3", "wandb.enabled=false", NAN_INIT]
-    rc, output = train(out / "nonfinite_stop", overrides)
-    recs = failure.read(out / "nonfinite_stop")
+def nonfinite_stop(out: Path, mode: str = "stop") -> tuple[bool, dict[str, Any], str]:
+    overrides = [*TINY, "train.iterations=3", "wandb.enabled=false", NAN_INIT, f"train.on_nonfinite={mode}"]
+    run_dir = out / ("nonfinite_stop" if mode == "stop" else f"nonfinite_{mode}")
+    rc, output = train(run_dir, overrides)
+    recs = failure.read(run_dir)
     rec = recs[0] if recs else {}
     ids = [i for mb in rec.get("micro_batches", []) for i in mb]
     metrics = {"rc": rc, "records": len(recs), "kind": rec.get("kind"), "step": rec.get("step"),
@@ -104,5 +107,7 @@ def oom(out: Path) -> tuple[bool, dict[str, Any], str]:
 
 
 CHECKS: dict[str, Callable[[Path], tuple[bool, dict[str, Any], str]]] = {
-    "secrets": secrets, "nonfinite_stop": nonfinite_stop, "nonfinite_skip": nonfinite_skip, "oom": oom,
+    "secrets": secrets, "nonfinite_stop": nonfinite_stop,
+    "nonfinite_stop_at_step_end": partial(nonfinite_stop, mode="stop_at_step_end"), "nonfinite_skip": nonfinite_skip,
+    "oom": oom,
     **{f"kill_ckpt_{mode}": partial(kill_mid_checkpoint, mode=mode) for mode in MODES}}
