@@ -68,6 +68,22 @@ def test_te_rope_matches_bridge(part: str) -> None:
     assert (y1 - t.float()).abs().max() > 0.1  # the rotation did something
 
 
+def tiny_curves(tmp_path: Path, replacement: str, off: list[str], on: list[str],
+                base: tuple[str, ...] = ()) -> tuple[dict[int, float], dict[int, float]]:
+    """The tiny model's 4-step loss curves through train.py with kernels=fast, `off` and then `on` added; the replaced
+    code `replacement` is in the on-run's list of replaced code only. Both curves hold steps 0-3."""
+    curves = []
+    for label, extra in (("off", off), ("on", on)):
+        case = cases.Case(f"tiny_{replacement}-{label}", 1, ["model=tiny", "train.iterations=4",
+                                                            "train.global_batch_size=4", "kernels=fast", *base, *extra])
+        proc = subprocess.run(cases.command(case, tmp_path / label), cwd=ROOT, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert (replacement in (tmp_path / label / "ranks.log").read_text()) == (label == "on")  # replaced code
+        curves.append(losses(tmp_path / label))
+    assert sorted(curves[0]) == sorted(curves[1]) == [0, 1, 2, 3]
+    return curves[0], curves[1]
+
+
 def test_pinned_visual_inputs() -> None:
     from megatron.bridge.training.utils.visual_inputs import GenericVisualInputs
     from torch.utils.data._utils.pin_memory import pin_memory
@@ -88,19 +104,10 @@ def test_pinned_visual_inputs() -> None:
 def test_vit_host_grid_trains_the_same_losses(tmp_path: Path) -> None:
     """train.py with kernels=fast, with and without the ViT's host grid: the same samples from the same init give the
     same first loss (the forward is the same computation: same lengths, same kernels) and the same curve after."""
-    curves = {}
-    for on in ("true", "false"):
-        case = cases.Case(f"tiny_vit-host-grid-{on}", 1, ["model=tiny", "train.iterations=4",
-                                                         "train.global_batch_size=4", "kernels=fast",
-                                                         f"kernels.vit_host_grid={on}"])
-        proc = subprocess.run(cases.command(case, tmp_path / on), cwd=ROOT, capture_output=True, text=True)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        assert ("vit_host_grid" in (tmp_path / on / "ranks.log").read_text()) == (on == "true")  # replaced code
-        curves[on] = losses(tmp_path / on)
-    assert sorted(curves["true"]) == sorted(curves["false"]) == [0, 1, 2, 3]
-    assert curves["true"][0] == curves["false"][0]
+    off, on = tiny_curves(tmp_path, "vit_host_grid", ["kernels.vit_host_grid=false"], ["kernels.vit_host_grid=true"])
+    assert on[0] == off[0]
     for step in range(1, 4):
-        assert abs(curves["true"][step] - curves["false"][step]) < 1e-3, (step, curves)
+        assert abs(on[step] - off[step]) < 1e-3, (step, off, on)
 
 
 @pytest.mark.parametrize("dim", [80, 128])
@@ -137,17 +144,10 @@ def test_padded_vit_attention_matches_te_at_72(dim: int) -> None:
 def test_padded_vit_attention_trains_the_same_losses(tmp_path: Path) -> None:
     """train.py with kernels=fast, the tiny ViT's heads (64 channels) at 64 and padded to 128: the same samples from
     the same init, the same first loss within kernel rounding and the same curve after."""
-    curves = {}
-    for dim in ("null", "128"):
-        case = cases.Case(f"tiny_vit-attn-{dim}", 1, ["model=tiny", "train.iterations=4", "train.global_batch_size=4",
-                                                     "kernels=fast", f"kernels.vit_attention_head_dim={dim}"])
-        proc = subprocess.run(cases.command(case, tmp_path / dim), cwd=ROOT, capture_output=True, text=True)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        assert ("vit_attention_pad" in (tmp_path / dim / "ranks.log").read_text()) == (dim == "128")  # replaced code
-        curves[dim] = losses(tmp_path / dim)
-    assert sorted(curves["128"]) == sorted(curves["null"]) == [0, 1, 2, 3]
+    off, on = tiny_curves(tmp_path, "vit_attention_pad", ["kernels.vit_attention_head_dim=null"],
+                          ["kernels.vit_attention_head_dim=128"])
     for step in range(4):
-        assert abs(curves["128"][step] - curves["null"][step]) < 1e-2, (step, curves)
+        assert abs(on[step] - off[step]) < 1e-2, (step, off, on)
 
 
 def test_vit_rope_in_bf16_is_the_fp32_round_trip() -> None:
@@ -198,16 +198,9 @@ def test_wgrad_fusion_trains_the_same_losses(tmp_path: Path) -> None:
     non-finite check at the step's end, as experiment=perf_h200_best has both): the same first loss (the forward is
     the same) and the same curve after, within the rounding of a BF16 gradient added in FP32 against FP32
     accumulation in the GEMM."""
-    curves = {}
-    for on in ("false", "true"):
-        extra = ["kernels.wgrad_fusion=true", "train.on_nonfinite=stop_at_step_end"] if on == "true" else []
-        case = cases.Case(f"tiny_wgrad-fusion-{on}", 1, ["model=tiny", "parallelism=3d", "train.iterations=4",
-                                                        "train.global_batch_size=4", "kernels=fast", *extra])
-        proc = subprocess.run(cases.command(case, tmp_path / on), cwd=ROOT, capture_output=True, text=True)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        assert ("wgrad_fusion" in (tmp_path / on / "ranks.log").read_text()) == (on == "true")  # replaced code
-        curves[on] = losses(tmp_path / on)
-    assert sorted(curves["true"]) == sorted(curves["false"]) == [0, 1, 2, 3]
-    assert curves["true"][0] == curves["false"][0]
+    off, on = tiny_curves(tmp_path, "wgrad_fusion", [], ["kernels.wgrad_fusion=true",
+                                                         "train.on_nonfinite=stop_at_step_end"],
+                          base=("parallelism=3d",))
+    assert on[0] == off[0]
     for step in range(1, 4):
-        assert abs(curves["true"][step] - curves["false"][step]) < 1e-2, (step, curves)
+        assert abs(on[step] - off[step]) < 1e-2, (step, off, on)
