@@ -246,6 +246,18 @@ def test_padded_vit_attention_adds_what_the_h1_runs_measured(compose):
     assert grown * row_patches / (12288 * architecture.PATCHES_PER_TOKEN) == pytest.approx(measured, rel=0.10)
 
 
+def test_logits_bytes_are_the_measured_ones():
+    """LOGITS_BYTES per cross entropy against benchmarks/logits_memory.py's rows (one H1 row through Megatron's own
+    native and TE loss calls on an H200), within 1 %."""
+    from vlmtrain.check.memory.activations import LOGITS_BYTES
+    from vlmtrain.config.groups.kernels import CrossEntropy
+
+    rows = {r["name"]: r["metrics"] for r in results.read_jsonl(ROOT / "results" / "logits_memory_h200.jsonl")}
+    assert sorted(rows) == ["logits-memory_native", "logits-memory_te"]
+    for impl in CrossEntropy:
+        assert LOGITS_BYTES[impl] == pytest.approx(rows[f"logits-memory_{impl}"]["bytes_per_logit"], rel=0.01)
+
+
 # --- validation against the measured peaks ---------------------------------------------------------------------
 
 

@@ -50,9 +50,7 @@ def bytes_per_logit(impl: str, tokens: int = TOKENS, vocab: int = VOCAB, hidden:
     del logits
     loss.sum().backward()
     torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - base
-    del loss, hidden_states
-    return peak / (tokens * vocab)
+    return (torch.cuda.max_memory_allocated() - base) / (tokens * vocab)
 
 
 def main(argv: list[str] | None = None) -> int:
