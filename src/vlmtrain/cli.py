@@ -80,19 +80,20 @@ def _data_check(args: argparse.Namespace) -> int:
 
 def _spec_command(args: argparse.Namespace) -> int:
     """`vlmtrain sweep` / `vlmtrain overhead` on a spec; imported lazily like report."""
-    from vlmtrain.tune import ab, bench, spec
+    from vlmtrain.lab import overhead_ab, spec, sweep
 
     try:
         sp = spec.load(args.spec)
     except spec.SpecError as e:
         print(f"vlmtrain {args.command}: {e}", file=sys.stderr)
         return 2
-    args.entry = args.entry or f"vlmtrain {args.command} {args.spec}"
-    return (bench.main if args.command == "sweep" else ab.main)(sp, args)
+    args.entry = f"vlmtrain {args.command} {args.spec}"  # the command the rows and the report name
+    return (sweep.main if args.command == "sweep" else overhead_ab.main)(sp, args)
 
 
 def _tune(args: argparse.Namespace) -> int:
-    from vlmtrain.tune import command, spec
+    from vlmtrain.lab import spec
+    from vlmtrain.lab.tune import command
 
     try:
         return command.main(args)
@@ -135,21 +136,20 @@ def parser() -> argparse.ArgumentParser:
                               "status 1 when there is a bad sample.")
     chk.add_argument("overrides", nargs="*", help="train.py overrides (data=..., data.path=..., train.seq_length=...)")
     chk.set_defaults(func=_data_check)
-    from vlmtrain.tune import ab, bench, command  # argparse definitions only: no torch, no Bridge
+    from vlmtrain.lab import overhead_ab, sweep  # argparse definitions only: no torch, no Bridge
+    from vlmtrain.lab.tune import command  # argparse definitions only: no torch, no Bridge
 
     command.add_parser(sub)
     sub.choices["tune"].set_defaults(func=_tune)
     swp = sub.add_parser("sweep", help="run a spec's named sweeps of cases, one results row each; its report",
-                         description=bench.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                         description=sweep.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     swp.add_argument("spec", help="conf/tune/<spec>.yaml (e.g. perf_h200x2) or a path")
-    swp.add_argument("--entry", help=argparse.SUPPRESS)  # the command the rows and the report name
-    bench.add_arguments(swp)
+    sweep.add_arguments(swp)
     swp.set_defaults(func=_spec_command)
     ovh = sub.add_parser("overhead", help="vlmtrain vs Bridge's pretrain() alone on a spec's case, in A/B pairs",
-                         description=ab.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                         description=overhead_ab.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ovh.add_argument("spec", help="conf/tune/<spec>.yaml (e.g. perf_h200x2) or a path")
-    ovh.add_argument("--entry", help=argparse.SUPPRESS)
-    ab.add_arguments(ovh)
+    overhead_ab.add_arguments(ovh)
     ovh.set_defaults(func=_spec_command)
     return ap
 

@@ -259,6 +259,10 @@ TABLE: list[tuple[list[str], dict[str, object]]] = [
         ["kernels=fast"],
         {"model.gradient_accumulation_fusion": False},
     ),
+    (  # precision-aware optimizer: TE's FusedAdam on BF16 weights + remainders (the distributed optimizer stays on)
+        ["precision.precision_aware_optimizer=true"],
+        {"optimizer.use_precision_aware_optimizer": True, "optimizer.use_distributed_optimizer": True},
+    ),
     (  # skip: the checks off, Megatron's ConstantGradScaler(1.0) finds Inf/NaN grads and skips the update
         ["train.on_nonfinite=skip"],
         {"rerun_state_machine.check_for_nan_in_loss": False, "ddp.check_for_nan_in_grad": False,
@@ -292,7 +296,7 @@ TABLE: list[tuple[list[str], dict[str, object]]] = [
             "data_parallel_size": 64,
         },
     ),
-    (  # written by `vlmtrain tune` on one H200 (benchmarks/README.md): DP alone, packed rows, fast kernels
+    (  # written by `vlmtrain tune` on one H200 (docs/benchmarks.md): DP alone, packed rows, fast kernels
         ["experiment=tune_h1"],
         {
             "model.expert_model_parallel_size": 1,
@@ -400,7 +404,8 @@ SWAPS = [
     ("cuda_graph", ["cuda_graph=none"], ["cuda_graph=moe_router_preprocess"]),
     ("kernels", ["kernels=default"], ["kernels=fast"]),
     ("vision", ["vision=trainable"], ["vision=frozen_with_projector"]),
-    ("precision", ["precision=bf16"], ["precision=fp8", "precision.scaling=blockwise", "precision.router_dtype=fp64"]),
+    ("precision", ["precision=bf16"], ["precision=fp8", "precision.scaling=blockwise", "precision.router_dtype=fp64",
+                                                 "precision.precision_aware_optimizer=true"]),
     ("train", [], ["train.micro_batch_size=2", "train.iterations=7", "train.save_interval=5", "train.profile_step=3",
                    "train.on_nonfinite=skip"]),
     ("model", ["model=tiny"], ["model=qwen3_vl_30b_a3b", "model.num_layers=4"]),

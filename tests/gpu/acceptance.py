@@ -26,7 +26,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 
-from vlmtrain.observe import results  # noqa: E402
+from vlmtrain.lab import store  # noqa: E402
+from vlmtrain.observe import run_summary  # noqa: E402
 
 TINY = ["model=tiny", "train.iterations=10", "train.global_batch_size=8"]
 SHAPE_30B = ["model=qwen3_vl_30b_a3b", "model.num_layers=4", "data=realistic", "train.iterations=8",
@@ -122,8 +123,8 @@ def outcome(case: Case, rc: int, run_dir: Path, wall_s: float) -> dict[str, Any]
     """What the case's run dir says: rc, summary metrics, skipped samples, first step time, checks, sweep report."""
     log = (run_dir / "train.log").read_text(errors="replace")
     job_dirs = sorted(p.parent for p in run_dir.glob("*/metrics.jsonl")) if case.sweep else [run_dir]
-    rows = results.read_jsonl(job_dirs[0] / "metrics.jsonl") if job_dirs else []
-    summary = results.summarize(job_dirs[0]) if job_dirs else {}
+    rows = run_summary.read_jsonl(job_dirs[0] / "metrics.jsonl") if job_dirs else []
+    summary = run_summary.summarize(job_dirs[0]) if job_dirs else {}
     metrics: dict[str, Any] = {k: summary[k] for k in ("steps", "first_loss", "last_loss", "mfu", "peak_mem_gib",
                                                        "step_s", "useful_tokens_per_s_per_gpu") if k in summary}
     if rows:
@@ -185,7 +186,7 @@ def run(cases: list[Case], out: Path, results_path: Path, inputs: Path, commit: 
             problems[case.name] = verdict(case, got)
             metrics = {"rc": got["rc"], **got["metrics"], "wall_s": got["wall_s"]}
             command = "python train.py " + " ".join(overrides(case, Path("<inputs>")))
-            row = results.append(results_path, case.name, command, metrics, commit=commit,
+            row = store.append(results_path, case.name, command, metrics, commit=commit,
                                  ok=not problems[case.name], problems=problems[case.name],
                                  side_by_side=[c.name for c in batch] if len(batch) > 1 else [],
                                  **({"sweep": got["sweep"]} if case.sweep else {}))

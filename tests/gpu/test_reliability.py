@@ -1,16 +1,16 @@
-"""The reliability checks on one GPU (vlmtrain.observe.bench.reliability): no planted secret in a real run's files
+"""The reliability checks on one GPU (vlmtrain.lab.checks.reliability): no planted secret in a real run's files
 or checkpoint dir, a NaN loss stops the run with its record (or is skipped and counted), a CUDA OOM names its
 component and the estimate's overrides, a kill -9 mid-checkpoint leaves the previous checkpoint the one loaded and
 resumed (kill_ckpt_*: `pytest -m gpu tests/gpu/test_reliability.py -k kill_ckpt`). `pytest -m gpu
 tests/gpu/test_reliability.py`; the same checks with rows in results/reliability.jsonl:
-`python benchmarks/reliability_check.py`."""
+`python -m vlmtrain.lab.checks.reliability_check`."""
 
 from __future__ import annotations
 
 import pytest
 
 from vlmtrain.config.world import local_gpus
-from vlmtrain.observe.bench.reliability import CHECKS
+from vlmtrain.lab.checks.reliability import CHECKS
 
 pytestmark = pytest.mark.gpu
 

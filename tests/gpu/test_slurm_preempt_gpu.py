@@ -1,9 +1,9 @@
 """Issue 25 item 1 on a GPU node with the local Slurm up (scripts/device/slurm_start.sh): a real training job
 through hydra/launcher=slurm is preempted (USR2), saved by Bridge on the signal, requeued by submitit and resumed in
-the same run dir, with its losses within resume.TOLERANCE of an uninterrupted run (vlmtrain.observe.bench.
+the same run dir, with its losses within resume.TOLERANCE of an uninterrupted run (vlmtrain.lab.checks.
 slurm_preempt). `pytest -m "gpu and slurm" tests/gpu/test_slurm_preempt_gpu.py` runs the tiny model (~2 min);
 VLMTRAIN_SLURM_CASE=30b the 30B-A3B shape (~8 min, ~52 GiB free disk under /tmp). The row in
-results/reliability.jsonl: benchmarks/slurm_preempt_check.py."""
+results/reliability.jsonl: vlmtrain.lab.checks.slurm_preempt_check."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import os
 import pytest
 
 from vlmtrain.config.world import local_gpus
-from vlmtrain.observe.bench import slurm_preempt as sp
+from vlmtrain.lab.checks import slurm_preempt as sp
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slurm]
 

@@ -1,6 +1,6 @@
 """Real training through train.py on GPUs (Bridge's loop, TE, real images): run with `pytest -m gpu`.
 
-Each case of the gpu_training suite (vlmtrain.observe.bench.cases; benchmarks/run_cases.py runs it too) trains a
+Each case of the gpu_training suite (vlmtrain.lab.cases; vlmtrain.lab.cases runs it too) trains a
 few steps; the test asserts what the run itself recorded: the loss fell, and checks.json shows the requested
 setting took effect.
 """
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from vlmtrain.config.world import local_gpus
-from vlmtrain.observe import results
-from vlmtrain.observe.bench import cases as run_cases
+from vlmtrain.lab import cases as run_cases
+from vlmtrain.observe import run_summary
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,7 +30,7 @@ def test_case_trains(case, tmp_path):
         pytest.skip(f"needs {case.gpus} GPU(s)")
     proc = subprocess.run(run_cases.command(case, tmp_path), cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    summary = results.summarize(tmp_path)
+    summary = run_summary.summarize(tmp_path)
     assert summary["last_loss"] < summary["first_loss"]
     checks = json.loads((tmp_path / "checks.json").read_text())
     params = checks["params"]

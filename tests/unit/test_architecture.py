@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src"
-STAGES = ("config", "data", "check", "build", "launch", "train", "observe", "report", "tune")
+STAGES = ("config", "data", "check", "build", "launch", "train", "observe", "report", "lab")
 WIRING = frozenset({"vlmtrain.cli", "vlmtrain.flow", "vlmtrain.worker"})
 SWEEPER_MAY_IMPORT = frozenset({"config", "check", "launch"})
 
@@ -94,4 +94,4 @@ def test_a_planted_violation_is_reported(module: str, source: str, reported: str
 def test_earlier_and_own_stage_imports_pass() -> None:
     source = "from vlmtrain.config import world\nfrom vlmtrain.launch.slurm import in_process\nimport os\n"
     assert violations(source, "vlmtrain.launch.local") == []
-    assert violations("from vlmtrain.observe import results\n", "vlmtrain.cli") == []  # wiring imports anything
+    assert violations("from vlmtrain.observe import run_summary\n", "vlmtrain.cli") == []  # wiring imports anything

@@ -1,6 +1,6 @@
 """The issue-23 peer's dry run on CPU: Megatron Bridge's own Qwen3-VL-30B-A3B SFT recipe, built by Bridge's recipe
 function and validated by Bridge's runtime_config_update for one H200, keeps the recipe's fields and changes only
-those listed (vlmtrain.observe.bench.bridge_recipe.CHANGES)."""
+those listed (vlmtrain.lab.bridge_recipe.CHANGES)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from vlmtrain.observe.bench import bridge_recipe
+from vlmtrain.lab import bridge_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 

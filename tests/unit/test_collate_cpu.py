@@ -1,4 +1,4 @@
-"""benchmarks/collate_cpu.py's profile shares: each named part's cumulative time over the profile's total, found by
+"""vlmtrain.lab.micro.collate_cpu's profile shares: each named part's cumulative time over the profile's total, found by
 its function name in a real cProfile."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import cProfile
 import time
 
-from vlmtrain.observe.bench import collate_cpu
+from vlmtrain.lab.micro import collate_cpu
 
 
 def process_vision_info() -> None:  # named as the part it stands for in the profile

@@ -155,7 +155,7 @@ def test_train_py_exits_with_the_status_of_a_record_written_by_this_launch(tmp_p
 def test_a_data_bound_step_after_warm_up_is_said_once(tmp_path: Path, capsys: Any) -> None:
     """The console hint: not for the warm-up steps (their batches were prefetched), once for the first later step
     that waited on the loader (the recorded H1 run's step 4 waited 0.954 of 3.97 s)."""
-    from vlmtrain.observe.results import SKIP
+    from vlmtrain.observe.run_summary import SKIP
 
     run = compose(["data=realistic"], output_dir=str(tmp_path))
     cb = callback_at(run, 0, "data")

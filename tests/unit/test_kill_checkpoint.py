@@ -6,7 +6,7 @@ save_checkpoint writes them once a save is complete, and Bridge's own loader (`_
 A partial newer iter dir is a real save of step 4 cut back to what a SIGKILL leaves at three moments: right after
 rank 0 made the dir (`created`), with the shard half written (`mid_write`: no .metadata, no metadata.json, which
 the save writes last), and with the data written but not finalized (`unfinalized`: an async save killed before
-its finalize). The GPU check (vlmtrain.observe.bench.kill_checkpoint) kills a real training run instead; its
+its finalize). The GPU check (vlmtrain.lab.checks.kill_checkpoint) kills a real training run instead; its
 detection and Bridge-pick helpers are checked here on the same files.
 """
 
@@ -25,8 +25,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from vlmtrain.observe.bench import kill_checkpoint
-from vlmtrain.observe.bench.resume import kill_tree
+from vlmtrain.lab.checks import kill_checkpoint
+from vlmtrain.lab.checks.resume import kill_tree
 
 KINDS = ("created", "mid_write", "unfinalized")
 SHAPE = (512, 256)  # 512 KiB of float32: a shard file big enough to cut in half

@@ -15,15 +15,15 @@ import pytest
 from vlmtrain.build import plan
 from vlmtrain.check import memory, preflight
 from vlmtrain.config import world
-from vlmtrain.observe import results
-from vlmtrain.observe.bench import memory_check as mc
+from vlmtrain.lab.calibrate import memory_check as mc
+from vlmtrain.observe import run_summary
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
 GPU_CASES = FIXTURES / "gpu_cases"
 SHAPE_30B = ["model=qwen3_vl_30b_a3b", "model.num_layers=4", "data=realistic", "train.global_batch_size=8"]
 # The one fixture without a case.json (its first attempt failed the CUDA-graph check after training; only its
-# re-run has a row); overrides as benchmarks/run_cases.py built them.
+# re-run has a row); overrides as vlmtrain.lab.cases built them.
 GRAPH_CASE = ["model=tiny", "train.global_batch_size=8", "parallelism=3d", "cuda_graph=moe_router_preprocess",
               "gpus_per_node=1"]
 
@@ -116,6 +116,17 @@ def test_recompute_full_lowers_activations(compose):
     assert _activations(full) < _activations(selective) < _activations(none)
     assert full.allocated < none.allocated
     assert full.logits == none.logits  # recompute does not touch the loss buffers
+
+
+@pytest.mark.parametrize(("precision", "saved_bytes"), [(["precision=bf16"], 2), (["precision=fp8"], 0)])
+def test_precision_aware_optimizer_keeps_remainders_for_bf16_weights(compose, precision, saved_bytes):
+    """BF16 weight + 16-bit remainder instead of an FP32 master copy, where Megatron stores remainders."""
+    off = compose(*SHAPE_30B, "gpus_per_node=1", *precision)
+    on = compose(*SHAPE_30B, "gpus_per_node=1", *precision, "precision.precision_aware_optimizer=true")
+    trainable = sum(c["trainable"] for c in memory.param_counts(off).values())
+    saved = memory.estimate(off).optimizer - memory.estimate(on).optimizer
+    assert saved == pytest.approx(trainable * saved_bytes / memory.GIB)
+    assert memory.optimizer_bytes(on) == memory.OPTIMIZER_BYTES - saved_bytes
 
 
 def test_frozen_vision_lowers_grads_and_optimizer_by_its_parameters(compose):
@@ -228,7 +239,7 @@ def test_padded_vit_attention_adds_what_the_h1_runs_measured(compose):
     own 72); scaled from the worst-case row (every token an image token) to the ~10.5k image tokens of an H1 row,
     the estimate's growth at 128 is within 10 % of what the recorded H1 pair on one lease measured."""
     from vlmtrain.config import architecture
-    from vlmtrain.observe.bench import vit_attention
+    from vlmtrain.lab.micro import vit_attention
 
     h1 = ["model=qwen3_vl_30b_a3b", "model.num_layers=4", "data=realistic", "gpus_per_node=1", "parallelism=3d",
           "parallelism.ep=1", "data.packing=12288"]
@@ -237,7 +248,7 @@ def test_padded_vit_attention_adds_what_the_h1_runs_measured(compose):
     assert own.allocated == plain.allocated
     grown = padded.vision_activations - plain.vision_activations
     assert padded.decoder_activations == plain.decoder_activations and grown > 0
-    rows = {r["name"]: r for r in results.read_jsonl(ROOT / "results" / "perf_h200.jsonl")
+    rows = {r["name"]: r for r in run_summary.read_jsonl(ROOT / "results" / "perf_h200.jsonl")
             if r.get("lease") == "lease-4a774566" and r["name"].endswith("_summary")}
     base = "h1_h200x2-best_3d-ep1_mbs1_packed12288_cg-none_gbs4"
     measured = (rows[f"{base}_vit-attn128_summary"]["metrics"]["peak_mem_gib"]
@@ -247,12 +258,12 @@ def test_padded_vit_attention_adds_what_the_h1_runs_measured(compose):
 
 
 def test_logits_bytes_are_the_measured_ones():
-    """LOGITS_BYTES per cross entropy against benchmarks/logits_memory.py's rows (one H1 row through Megatron's own
+    """LOGITS_BYTES per cross entropy against vlmtrain.lab.micro.logits_memory's rows (one H1 row through Megatron's own
     native and TE loss calls on an H200), within 1 %."""
     from vlmtrain.check.memory.activations import LOGITS_BYTES
     from vlmtrain.config.groups.kernels import CrossEntropy
 
-    rows = {r["name"]: r["metrics"] for r in results.read_jsonl(ROOT / "results" / "logits_memory_h200.jsonl")}
+    rows = {r["name"]: r["metrics"] for r in run_summary.read_jsonl(ROOT / "results" / "logits_memory_h200.jsonl")}
     assert sorted(rows) == ["logits-memory_native", "logits-memory_te"]
     for impl in CrossEntropy:
         assert LOGITS_BYTES[impl] == pytest.approx(rows[f"logits-memory_{impl}"]["bytes_per_logit"], rel=0.01)
@@ -269,14 +280,14 @@ tiny_realistic (+19.7 %) is estimated at the longest of the 256 realistic rows, 
 def _recorded_runs() -> dict[str, dict[str, Any]]:
     """The rebuildable recorded GPU runs of tests/fixtures as results rows, by fixture name: gpu_acceptance and
     gpu_cases keep their row as case.json; precision_h200's case.json holds command and rc, its peak comes from the
-    run's metrics.jsonl (as benchmarks/precision_h200.py summarizes it)."""
+    run's metrics.jsonl (as vlmtrain.lab.checks.precision_parity summarizes it)."""
     runs = {d.parent.name: json.loads(d.read_text())
             for group in ("gpu_acceptance", "gpu_cases") for d in sorted((FIXTURES / group).glob("*/case.json"))}
     for d in sorted((FIXTURES / "precision_h200").glob("*/case.json")):
         meta = json.loads(d.read_text())
         runs[f"precision_h200/{d.parent.name}"] = {
             "name": f"precision_h200/{d.parent.name}", "command": meta["command"], "machine": meta["machine"],
-            "metrics": {"rc": meta["rc"], **results.summarize(d.parent)}}
+            "metrics": {"rc": meta["rc"], **run_summary.summarize(d.parent)}}
     return {name: r for name, r in runs.items() if mc.rebuildable(r)}
 
 

@@ -10,7 +10,7 @@ sample's slice of the packed row must equal that sample collated alone (packing 
 unpacked data). Megatron Bridge has had packed Qwen3-VL RoPE bugs (issue #1776, PR #4532), so the controls show
 that positions computed without the per-sample boundaries do differ, that whole-row positions are a pure shift per
 sample (RoPE attention, relative, cancels it while the boundaries are kept: why the GPU check's position control
-permutes positions instead), and that the GPU check's own controls (observe.bench.packing_equivalence.control_batch)
+permutes positions instead), and that the GPU check's own controls (lab.checks.packing_equivalence.control_batch)
 break what they claim to.
 """
 
@@ -26,7 +26,7 @@ import torch
 from vlmtrain.build import container, target
 from vlmtrain.check import preflight
 from vlmtrain.config.resolve import resolve
-from vlmtrain.observe.bench.packing_equivalence import control_batch
+from vlmtrain.lab.checks.packing_equivalence import control_batch
 
 CAPACITY = 8192
 """Tokens per packed row: holds every micro-batch below with room for a static tail; a multiple of each pack_align."""

@@ -14,9 +14,8 @@ import pytest
 from vlmtrain.check import preflight
 from vlmtrain.config import world
 from vlmtrain.config.compose import compose
-from vlmtrain.observe.bench import cases as run_cases
-from vlmtrain.observe.bench import overhead
-from vlmtrain.tune import ab, bench, bench_report, spec
+from vlmtrain.lab import cases as run_cases
+from vlmtrain.lab import overhead, overhead_ab, spec, store, sweep, sweep_report
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,22 +27,22 @@ PERF = spec.load("perf_h200x2")
 GPUS, ITERATIONS = PERF.get("gpus"), PERF.get("iterations")
 GBS = PERF.defaults["train.global_batch_size"]
 B, BEST = PERF.case({}), PERF.case(PERF.get("best"))
-ALL = [(bench.as_run_case(PERF, c, ITERATIONS), c) for c in PERF.expand(["all"])]
-MEASURED = ROOT / "tests" / "fixtures" / "perf_h200x2" / "results.jsonl"
+ALL = [(sweep.as_run_case(PERF, c, ITERATIONS), c) for c in PERF.expand(["all"])]
+MEASURED = ROOT / "tests" / "fixtures" / "perf_h200x2" / "summary.jsonl"
 """results/perf_h200x2.jsonl as of the last sweep, copied (tests/fixtures/README.md): the rows the claims rest on."""
 BENCHMARK = ["model=qwen3_vl_30b_a3b", "model.num_layers=8", "train.seq_length=4096", "hardware=h200"]
-ENTRY = "python benchmarks/perf_h200x2.py"
+ENTRY = "vlmtrain sweep perf_h200x2"
 
 
 def perf_main(*argv: str) -> int:
-    """benchmarks/perf_h200x2.py's command line (`vlmtrain sweep perf_h200x2 ...`)."""
+    """vlmtrain sweep perf_h200x2's command line (`vlmtrain sweep perf_h200x2 ...`)."""
     from vlmtrain import cli
 
-    return cli.main(["sweep", "perf_h200x2", "--entry", ENTRY, *argv])
+    return cli.main(["sweep", "perf_h200x2", *argv])
 
 
 def expand(sweeps: list[str], only: list[str] | None = None) -> list[run_cases.Case]:
-    return [bench.as_run_case(PERF, c, ITERATIONS) for c in PERF.expand(sweeps, only)]
+    return [sweep.as_run_case(PERF, c, ITERATIONS) for c in PERF.expand(sweeps, only)]
 
 
 def composed(case: run_cases.Case) -> object:
@@ -52,10 +51,10 @@ def composed(case: run_cases.Case) -> object:
 
 def test_sweeps_expand_to_unique_benchmark_cases() -> None:
     assert {c.name for c in PERF.expand(["mbs"])} <= {c.name for c, _ in ALL}
-    everything = {PERF.case(e).name for sweep in PERF.get("sweeps") for e in PERF.entries(sweep)}
+    everything = {PERF.case(e).name for name in PERF.get("sweeps") for e in PERF.entries(name)}
     assert len({c.name for c, _ in ALL}) == len(ALL) == len(everything) == 32
-    for sweep in PERF.get("sweeps"):
-        assert len(PERF.expand([sweep])) == len(PERF.entries(sweep)) >= 2, sweep
+    for name in PERF.get("sweeps"):
+        assert len(PERF.expand([name])) == len(PERF.entries(name)) >= 2, name
     for case, k in ALL:
         assert case.gpus == 2 and all(o in case.overrides for o in BENCHMARK), case.name
         assert ("frozen" in case.name) == (k.values["vision"] == "frozen"), case.name
@@ -82,7 +81,7 @@ def legacy_as_run(config: list[str]) -> list[str]:
 def test_cases_are_the_recorded_rows_configs() -> None:
     """Every case that ran on 2 x H200 composes from exactly the overrides its latest row records; a packed row
     recorded MBS-sample packing, and its case runs that row's MBS as a capacity under the same name."""
-    rows = bench_report.latest_rows(MEASURED)
+    rows = sweep_report.latest_rows(MEASURED)
     matched, packed = 0, 0
     for case, _ in ALL:
         row = rows.get(case.name)
@@ -130,7 +129,7 @@ def test_best_case_ships_as_the_preset(bridge: object, tmp_path: Path) -> None:
     from vlmtrain.config.groups import hardware
     from vlmtrain.train import bridge_patches
 
-    case = bench.as_run_case(PERF, BEST, ITERATIONS)
+    case = sweep.as_run_case(PERF, BEST, ITERATIONS)
     preset = compose(["experiment=perf_h200x2_best", f"train.iterations={ITERATIONS}", "dry_run=true",
                       "wandb.enabled=false"], output_dir=str(tmp_path))
     ran = compose(run_cases.overrides(case, dry_run=True), output_dir=str(tmp_path))
@@ -161,7 +160,7 @@ def test_best_case_ships_as_the_preset(bridge: object, tmp_path: Path) -> None:
     finally:
         bridge_patches.uninstall()
     assert preset.hardware.env == {k: v for k, v in ran.hardware.env.items() if k != "NVTE_USE_CUTLASS_GROUPED_GEMM"}
-    rows = bench_report.latest_rows(MEASURED)
+    rows = sweep_report.latest_rows(MEASURED)
     full = {n: r["metrics"]["useful_tokens_per_s_per_gpu"] for n, r in rows.items()
             if n.startswith("30b-l8_") and "_trainable_" in n and "_realistic" in n
             and "useful_tokens_per_s_per_gpu" in r["metrics"]}
@@ -292,27 +291,26 @@ def test_profiled_pair_leaves_the_profiler_iterations_out() -> None:
 def test_pool_joins_one_sessions_rows(tmp_path: Path) -> None:
     """--pool K: the pairs of the last K rows of a case become one row; rows of another date, or an earlier pooled
     row, are not pooled again."""
-    from vlmtrain.observe import results
 
-    case = ab.pick(PERF, BEST.name, 20)
+    case = overhead_ab.pick(PERF, BEST.name, 20)
     name, path = f"overhead_{case.name}", tmp_path / "perf.jsonl"
     pairs = [overhead.pair_record(FSDP_EP2, THREE_D_EP2, 1.0, 1.0),
              overhead.pair_record(THREE_D_EP2, FSDP_EP2, 1.0, 1.0, order="direct,vlmtrain")]
     for pair in pairs:
-        results.append(path, name, "cmd", overhead.overhead_metrics([pair]), config=["a"], pairs_detail=[pair])
-    row = ab.pool(name, 2, path, "pool cmd")
+        store.append(path, name, "cmd", overhead.overhead_metrics([pair]), config=["a"], pairs_detail=[pair])
+    row = overhead_ab.pool(name, 2, path, "pool cmd")
     assert row["pairs_detail"] == pairs and row["metrics"] == overhead.overhead_metrics(pairs)
     assert row["metrics"]["pairs"] == 2 and row["pooled"] == ["cmd", "cmd"] and row["command"] == "pool cmd"
     lo, hi = row["metrics"]["overhead_ratio_pairs_ci95"]
     assert lo < 1 < hi  # one pair each way round: the interval holds both
-    assert ab.pool(name, 2, path, "again")["pairs_detail"] == pairs  # a pooled row is not pooled again
+    assert overhead_ab.pool(name, 2, path, "again")["pairs_detail"] == pairs  # a pooled row is not pooled again
     with pytest.raises(SystemExit, match="need 3 rows"):
-        ab.pool(name, 3, path, "cmd")
+        overhead_ab.pool(name, 3, path, "cmd")
     first = json.loads(path.read_text().splitlines()[0])
     for other in ({"date": "2026-01-01"}, {"config": ["b"]}):
-        results.append_jsonl(path, first | other)
+        store.append_jsonl(path, first | other)
         with pytest.raises(SystemExit, match="one date, machine and config"):
-            ab.pool(name, 2, path, "cmd")
+            overhead_ab.pool(name, 2, path, "cmd")
 
 
 def test_direct_side_gets_its_own_run_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -343,10 +341,10 @@ def test_real_vs_mock_row_and_skip_done(tmp_path: Path, capsys: pytest.CaptureFi
     cmd = f"{ENTRY} --sweep mock"
     path = tmp_path / "perf.jsonl"
     run_cases.record(real, 0, THREE_D_EP2, 80.0, path, config=run_cases.overrides(real))
-    assert bench.mock_ratio_row(PERF, {mock.name}, path, cmd) is None  # no mock row yet
+    assert sweep.mock_ratio_row(PERF, {mock.name}, path, cmd) is None  # no mock row yet
     run_cases.record(mock, 0, FSDP_EP2, 120.0, path, config=run_cases.overrides(mock))
-    assert bench.mock_ratio_row(PERF, set(), path, cmd) is None  # neither side ran in this invocation
-    row = bench.mock_ratio_row(PERF, {mock.name}, path, cmd)
+    assert sweep.mock_ratio_row(PERF, set(), path, cmd) is None  # neither side ran in this invocation
+    row = sweep.mock_ratio_row(PERF, {mock.name}, path, cmd)
     assert row is not None and row["config"] == {"real": run_cases.overrides(real), "mock": run_cases.overrides(mock)}
     assert row["metrics"]["real_over_mock_step_s"] < 1  # the 3D run files stand in for "real": faster steps
     capsys.readouterr()
@@ -355,21 +353,20 @@ def test_real_vs_mock_row_and_skip_done(tmp_path: Path, capsys: pytest.CaptureFi
     assert "5 case(s)" in out and "frozen" in out and mock.name not in out  # the frozen sweep has 6, 1 done
 
     # A failed row or a superseded one does not count as done: the case runs again.
-    from vlmtrain.observe import results
 
     frozen = expand(["frozen"], ["frozen"])[0]
-    results.append(path, mock.name, "python train.py ...", {}, rc=1)
-    results.append(path, frozen.name, "python train.py ...", {"step_s": 1.0}, superseded="measured something else")
-    assert set(bench_report.latest_rows(path)) == {real.name, mock.name, row["name"]}
+    store.append(path, mock.name, "python train.py ...", {}, rc=1)
+    store.append(path, frozen.name, "python train.py ...", {"step_s": 1.0}, superseded="measured something else")
+    assert set(sweep_report.latest_rows(path)) == {real.name, mock.name, row["name"]}
     assert perf_main("--sweep", "mock", "frozen", "--skip-done", "--list", "--results", str(path)) == 0
     out = capsys.readouterr().out
     assert "6 case(s)" in out and mock.name in out and frozen.name in out
 
 
 def test_overhead_picks_perf_cases_and_launches_like_vlmtrain() -> None:
-    case = ab.pick(PERF, B.name, 10)
+    case = overhead_ab.pick(PERF, B.name, 10)
     assert case.name == B.name and "train.iterations=10" in case.overrides
-    assert ab.pick(PERF, "3d-tp2", 10).name.startswith("30b-l8_3d-tp2-ep2_")
+    assert overhead_ab.pick(PERF, "3d-tp2", 10).name.startswith("30b-l8_3d-tp2-ep2_")
     cmd = overhead.direct_command(Path("r/run_config.yaml"), 2, "29500")
     assert cmd[1:6] == ["-m", "torch.distributed.run", "--nproc-per-node=2", "--nnodes=1", "--master-port"]
     assert cmd[-2:] == [str(ROOT / "benchmarks" / "direct_pretrain.py"), "r/run_config.yaml"]
@@ -377,12 +374,12 @@ def test_overhead_picks_perf_cases_and_launches_like_vlmtrain() -> None:
 
 def test_report_states_every_claim_from_the_results_file(tmp_path: Path) -> None:
     """Each claim is a ratio of two measured rows, or says which row is missing; failed runs are listed."""
-    md = bench_report.report(PERF, MEASURED, f"{ENTRY} --report")
+    md = sweep_report.report(PERF, MEASURED, f"{ENTRY} --report")
     # the report the results file shipped with (results/perf_h200x2.md) is produced again, byte for byte
-    assert bench_report.report(PERF, ROOT / "results" / "perf_h200x2.jsonl", f"{ENTRY} --report") == (
+    assert sweep_report.report(PERF, ROOT / "results" / "perf_h200x2.jsonl", f"{ENTRY} --report") == (
         ROOT / "results" / "perf_h200x2.md").read_text()
-    assert len(bench_report.claims(PERF)) == 26
-    for what, _, _ in bench_report.claims(PERF):
+    assert len(sweep_report.claims(PERF)) == 26
+    for what, _, _ in sweep_report.claims(PERF):
         line = next(x for x in md.splitlines() if x.startswith(f"| {what}"))
         assert "not measured" not in line, line  # every claim was measured on 2 x H200
     # a claim whose row kept medians of per-step rates (its run files are lost) says so
@@ -391,15 +388,15 @@ def test_report_states_every_claim_from_the_results_file(tmp_path: Path) -> None
     # a profiled overhead pair states both sides' traced step; a row's note travels with its line
     traced = next(x for x in md.splitlines() if x.startswith("- overhead_ratio") and "+train.profile_step=" in x)
     assert "traced step, vlmtrain / direct: window" in traced
-    noted = [r for n, r in bench_report.latest_rows(MEASURED).items() if n.startswith("overhead_") and r.get("note")]
+    noted = [r for n, r in sweep_report.latest_rows(MEASURED).items() if n.startswith("overhead_") and r.get("note")]
     assert noted and all(f"({r['note']})" in md for r in noted)
     # frozen-vision rows stand in their own table, never ranked among full-training rows
     full, frozen = md.split("## Frozen vision")[0], md.split("## Frozen vision")[1].split("## The seed")[0]
     assert "_frozen_" not in full and "_trainable_" not in frozen
-    assert frozen.count("_frozen_") == sum("_frozen_" in n for n in bench_report.latest_rows(MEASURED)) > 0
-    rows = [r for r in bench_report.latest_rows(MEASURED).values() if r["name"] != B.name]
+    assert frozen.count("_frozen_") == sum("_frozen_" in n for n in sweep_report.latest_rows(MEASURED)) > 0
+    rows = [r for r in sweep_report.latest_rows(MEASURED).values() if r["name"] != B.name]
     path = tmp_path / "perf.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    line = next(x for x in bench_report.report(PERF, path, ENTRY).splitlines()
+    line = next(x for x in sweep_report.report(PERF, path, ENTRY).splitlines()
                 if x.startswith("| 3D vs FSDP, EP2 MBS 1 |"))
     assert f"not measured: {B.name}" in line

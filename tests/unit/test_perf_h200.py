@@ -2,7 +2,7 @@
 names, `vlmtrain sweep --repeats` runs each case until the lease has N runs and writes the median row, per-tower MFU
 is derived from real run files, vs_bridge_recipe pairs summaries of one lease, the matmul ceiling reads the model's
 shapes. The GPU runs are the only test double: a trial copies a real recorded 1 x H200 run dir of the 30B-A3B shapes
-at 4 decoder layers (tests/fixtures/precision_h200, from benchmarks/precision_h200.py) into its run dir."""
+at 4 decoder layers (tests/fixtures/precision_h200, from vlmtrain.lab.checks.precision_parity) into its run dir."""
 
 from __future__ import annotations
 
@@ -16,16 +16,17 @@ import pytest
 
 from vlmtrain import cli
 from vlmtrain.config.compose import compose
-from vlmtrain.observe import results
-from vlmtrain.observe.bench import cases as run_cases
-from vlmtrain.observe.bench import ceiling, repeats
-from vlmtrain.tune import bench, bench_report, spec, trials
+from vlmtrain.lab import cases as run_cases
+from vlmtrain.lab import repeats, spec, store, sweep, sweep_report
+from vlmtrain.lab.micro import ceiling
+from vlmtrain.lab.tune import trials
+from vlmtrain.observe import run_summary
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNS = sorted((ROOT / "tests" / "fixtures" / "precision_h200").iterdir())
 """Three real 1 x H200 runs (metrics.jsonl with per-component times and FLOPs)."""
 PERF = spec.load("perf_h200")
-ENTRY = "python benchmarks/perf_h200.py"
+ENTRY = "vlmtrain sweep perf_h200"
 H1_START = ["experiment=perf_h200x2_best", "gpus_per_node=1", "parallelism.ep=1", "model.num_layers=4"]
 """The starting point users tried (issue 23), but for its GBS (see conf/tune/perf_h200.yaml's `h1`)."""
 
@@ -46,7 +47,7 @@ def composed(overrides: list[str]) -> dict[str, Any]:
 
 
 def case_overrides(case: spec.Case) -> list[str]:
-    return run_cases.overrides(bench.as_run_case(PERF, case, PERF.get("iterations")))
+    return run_cases.overrides(sweep.as_run_case(PERF, case, PERF.get("iterations")))
 
 
 def test_h1_case_is_the_shipped_best_on_one_gpu() -> None:
@@ -119,21 +120,21 @@ def gpu(monkeypatch: pytest.MonkeyPatch) -> Gpu:
     return launch
 
 
-def sweep(path: Path, out: Path, *argv: str) -> int:
-    return cli.main(["sweep", "perf_h200", "--entry", ENTRY, "--results", str(path), "--out", str(out), *argv])
+def run_sweep(path: Path, out: Path, *argv: str) -> int:
+    return cli.main(["sweep", "perf_h200", "--results", str(path), "--out", str(out), *argv])
 
 
 def test_repeats_summary_and_resume(gpu: Gpu, tmp_path: Path) -> None:
-    path, lease = tmp_path / "perf_h200.jsonl", results.lease()
+    path, lease = tmp_path / "perf_h200.jsonl", store.lease()
     (h1,) = PERF.expand(["h1"])
-    assert sweep(path, tmp_path / "a", "--sweep", "h1") == 0
+    assert run_sweep(path, tmp_path / "a", "--sweep", "h1") == 0
     assert [p.name for p in gpu.launched] == ["run0", "run1", "run2"]
     assert all(p.parent.name == h1.name for p in gpu.launched)
-    rows = results.read_jsonl(path)
+    rows = run_summary.read_jsonl(path)
     runs = [r for r in rows if r["name"] == h1.name]
     assert [(r["run"], r["lease"]) for r in runs] == [(0, lease), (1, lease), (2, lease)]
     for r, src in zip(runs, RUNS, strict=True):  # each run row is its own run files' summary
-        assert r["metrics"] == results.summarize(src, keys=results.SUMMARY_KEYS)
+        assert r["metrics"] == run_summary.summarize(src, keys=run_summary.SUMMARY_KEYS)
     (summary,) = [r for r in rows if r["name"] == h1.name + repeats.SUMMARY_SUFFIX]
     m = summary["metrics"]
     assert m["runs"] == 3 and summary["lease"] == lease and summary["case"] == h1.name
@@ -143,45 +144,45 @@ def test_repeats_summary_and_resume(gpu: Gpu, tmp_path: Path) -> None:
     assert len({r["metrics"]["useful_tokens_per_s_per_gpu"] for r in runs}) == 3  # a median of distinct runs
 
     # the same lease again: nothing to run, nothing written; run dirs of the first call are still there
-    assert sweep(path, tmp_path / "b", "--sweep", "h1") == 0
-    assert len(gpu.launched) == 3 and len(results.read_jsonl(path)) == len(rows)
+    assert run_sweep(path, tmp_path / "b", "--sweep", "h1") == 0
+    assert len(gpu.launched) == 3 and len(run_summary.read_jsonl(path)) == len(rows)
     assert all((p / trials.RUN_SUBDIR / "metrics.jsonl").exists() for p in gpu.launched)
     # one more run per case asked for: only the missing one runs, then a 4-run summary
-    assert sweep(path, tmp_path / "c", "--sweep", "h1", "--repeats", "4") == 0
+    assert run_sweep(path, tmp_path / "c", "--sweep", "h1", "--repeats", "4") == 0
     assert [p.name for p in gpu.launched[3:]] == ["run3"]
-    four = results.read_jsonl(path)[-1]["metrics"]
+    four = run_summary.read_jsonl(path)[-1]["metrics"]
     assert four["runs"] == 4
     # the report, from the results file alone: the latest summary of the lease, median (min-max)
-    assert sweep(path, tmp_path / "d", "--report") == 0
+    assert run_sweep(path, tmp_path / "d", "--report") == 0
     md = path.with_suffix(".md").read_text()
     u = repeats.USEFUL
     assert f"| {h1.name} | {lease} | 4 | {four[u]:.0f} ({four[u + '_min']:.0f}-{four[u + '_max']:.0f}) |" in md
     assert f"| {h1.name} | {lease} | 3 |" not in md  # the 4-run summary replaced the 3-run one
     (single,) = [line for line in md.splitlines() if line.startswith(f"| {h1.name} | ") and lease not in line]
-    assert single.endswith(f"| {bench_report.REPEATED_NOTE} |")  # a lone run's figures say they are one run
+    assert single.endswith(f"| {sweep_report.REPEATED_NOTE} |")  # a lone run's figures say they are one run
 
 
 def test_a_failed_run_is_not_counted_nor_repeated(gpu: Gpu, tmp_path: Path) -> None:
     path = tmp_path / "perf_h200.jsonl"
     gpu.fail.add(1)
-    assert sweep(path, tmp_path / "a", "--sweep", "h1") == 1
+    assert run_sweep(path, tmp_path / "a", "--sweep", "h1") == 1
     assert len(gpu.launched) == 2  # run 1 failed: run 2 of that case did not start in this call
     (h1,) = PERF.expand(["h1"])
-    assert repeats.done(path, h1.name, results.lease()) == 1
-    assert not any(r["name"].endswith(repeats.SUMMARY_SUFFIX) for r in results.read_jsonl(path))
-    assert sweep(path, tmp_path / "b", "--sweep", "h1") == 0  # resumes: runs 1 and 2, then the summary
+    assert repeats.done(path, h1.name, store.lease()) == 1
+    assert not any(r["name"].endswith(repeats.SUMMARY_SUFFIX) for r in run_summary.read_jsonl(path))
+    assert run_sweep(path, tmp_path / "b", "--sweep", "h1") == 0  # resumes: runs 1 and 2, then the summary
     assert [p.name for p in gpu.launched[2:]] == ["run1", "run2"]
-    assert results.read_jsonl(path)[-1]["metrics"]["runs"] == 3
+    assert run_summary.read_jsonl(path)[-1]["metrics"]["runs"] == 3
 
 
 def test_runs_alternate_between_cases_and_resume_where_each_stopped(gpu: Gpu, tmp_path: Path) -> None:
     path, names = tmp_path / "perf_h200.jsonl", [c.name for c in PERF.expand(["packing"], ["static"])]
     assert len(names) == 2
-    assert sweep(path, tmp_path / "a", "--sweep", "packing", "--only", "static", "--repeats", "2") == 0
+    assert run_sweep(path, tmp_path / "a", "--sweep", "packing", "--only", "static", "--repeats", "2") == 0
     assert [(p.parent.name, p.name) for p in gpu.launched] == [
         (names[0], "run0"), (names[1], "run0"), (names[0], "run1"), (names[1], "run1")]
-    assert sweep(path, tmp_path / "b", "--sweep", "packing", "--only", names[1], "--repeats", "3") == 0
-    assert sweep(path, tmp_path / "c", "--sweep", "packing", "--only", "static", "--repeats", "3") == 0
+    assert run_sweep(path, tmp_path / "b", "--sweep", "packing", "--only", names[1], "--repeats", "3") == 0
+    assert run_sweep(path, tmp_path / "c", "--sweep", "packing", "--only", "static", "--repeats", "3") == 0
     # names[1] already has 3 runs: only names[0]'s third run is left
     assert [(p.parent.name, p.name) for p in gpu.launched[4:]] == [(names[1], "run2"), (names[0], "run2")]
 
@@ -190,13 +191,13 @@ def test_tower_mfu_from_real_run_files() -> None:
     """mfu_<tower> = the tower's FLOPs over its timed seconds at the H200's peak (1 GPU), over the steady steps."""
     peak = compose(["hardware=h200"]).hardware.peak_bf16_tflops * 1e12
     for run_dir in RUNS:
-        steady = results.steady(results.read_jsonl(run_dir / "metrics.jsonl"))
-        s = results.summarize(run_dir)
-        for tower, span in results.TOWERS.items():
+        steady = run_summary.steady(run_summary.read_jsonl(run_dir / "metrics.jsonl"))
+        s = run_summary.summarize(run_dir)
+        for tower, span in run_summary.TOWERS.items():
             want = sum(r[f"flops_{tower}"] for r in steady) / sum(r[span] for r in steady) / peak
             assert s[f"mfu_{tower}"] == pytest.approx(want, rel=1e-9), (run_dir.name, tower)
         assert 0 < s["mfu_vit"] < 1 and 0 < s["mfu_decoder"] < 1
-    assert results.tower_mfu([{"step_s": 1.0, "mfu": 0.1, "flops": 1e12}]) == {}  # no tower times: none derived
+    assert run_summary.tower_mfu([{"step_s": 1.0, "mfu": 0.1, "flops": 1e12}]) == {}  # no tower times: none derived
 
 
 def test_vs_bridge_recipe_pairs_one_lease(tmp_path: Path) -> None:
@@ -204,31 +205,31 @@ def test_vs_bridge_recipe_pairs_one_lease(tmp_path: Path) -> None:
     path, lease, other = tmp_path / "perf_h200.jsonl", "lease-aaaa", "lease-bbbb"
     h1 = PERF.expand(["h1"])[0].name
     for i, run_dir in enumerate(RUNS):
-        results.append(path, repeats.BRIDGE_RECIPE, "python benchmarks/bridge_recipe_h1.py",
-                       results.summarize(run_dir, keys=results.SUMMARY_KEYS), lease=lease, run=i)
-    results.append(path, h1, "python train.py ...", results.summarize(RUNS[0], keys=results.SUMMARY_KEYS),
+        store.append(path, repeats.BRIDGE_RECIPE, "python -m vlmtrain.lab.bridge_recipe",
+                       run_summary.summarize(run_dir, keys=run_summary.SUMMARY_KEYS), lease=lease, run=i)
+    store.append(path, h1, "python train.py ...", run_summary.summarize(RUNS[0], keys=run_summary.SUMMARY_KEYS),
                    lease=other, run=0)
     assert repeats.append_summary(path, repeats.BRIDGE_RECIPE, lease, "cmd") is not None
     assert repeats.append_summary(path, h1, other, "cmd") is not None
-    assert repeats.vs_bridge(results.read_jsonl(path), lease) is None  # the vlmtrain side ran on another lease
-    assert not any(r["name"].startswith("vs-bridge-recipe_") for r in results.read_jsonl(path))
-    results.append(path, h1, "python train.py ...", results.summarize(RUNS[1], keys=results.SUMMARY_KEYS),
+    assert repeats.vs_bridge(run_summary.read_jsonl(path), lease) is None  # the vlmtrain side ran on another lease
+    assert not any(r["name"].startswith("vs-bridge-recipe_") for r in run_summary.read_jsonl(path))
+    store.append(path, h1, "python train.py ...", run_summary.summarize(RUNS[1], keys=run_summary.SUMMARY_KEYS),
                    lease=lease, run=0)
     repeats.append_summary(path, h1, lease, "cmd")
-    row = results.read_jsonl(path)[-1]
+    row = run_summary.read_jsonl(path)[-1]
     assert row["name"] == f"vs-bridge-recipe_{lease}" and row["lease"] == lease
-    ours = results.summarize(RUNS[1])["useful_tokens_per_s_per_gpu"]
-    theirs = statistics.median(results.summarize(d)["useful_tokens_per_s_per_gpu"] for d in RUNS)
+    ours = run_summary.summarize(RUNS[1])["useful_tokens_per_s_per_gpu"]
+    theirs = statistics.median(run_summary.summarize(d)["useful_tokens_per_s_per_gpu"] for d in RUNS)
     assert row["metrics"]["vs_bridge_recipe"] == pytest.approx(ours / theirs)
     assert row["metrics"]["vlmtrain_case"] == h1 and row["metrics"]["bridge_recipe_runs"] == 3
     assert repeats.done(path, h1, lease) == 1 and repeats.done(path, h1, "lease-cccc") == 0
     # a frozen-vision case, faster than h1 here, is reported apart: the peer trains every tower
     (frozen,) = PERF.expand(["h1_frozen"])
-    faster = results.summarize(RUNS[0], keys=results.SUMMARY_KEYS)
+    faster = run_summary.summarize(RUNS[0], keys=run_summary.SUMMARY_KEYS)
     assert faster["useful_tokens_per_s_per_gpu"] > ours and "vision=frozen" in case_overrides(frozen)
-    results.append(path, frozen.name, "python train.py ...", faster, lease=lease, run=0, config=case_overrides(frozen))
+    store.append(path, frozen.name, "python train.py ...", faster, lease=lease, run=0, config=case_overrides(frozen))
     repeats.append_summary(path, frozen.name, lease, "cmd")
-    assert results.read_jsonl(path)[-1]["metrics"]["vlmtrain_case"] == h1
+    assert run_summary.read_jsonl(path)[-1]["metrics"]["vlmtrain_case"] == h1
 
 
 def test_ceiling_shapes_come_from_the_model_config(capsys: pytest.CaptureFixture[str]) -> None:
@@ -251,7 +252,7 @@ def test_ceiling_shapes_come_from_the_model_config(capsys: pytest.CaptureFixture
 def test_towers_vs_ceiling_describes_the_best_full_training_case() -> None:
     """Replayed from the rows one H200 lease recorded (ceiling rows, H1 summaries with and without frozen vision): each
     tower's rate is its MFU x peak over its own GEMMs' measured rate, for the fastest case that trains every tower."""
-    rows, lease, peak = results.read_jsonl(ROOT / "results" / "perf_h200.jsonl"), "lease-0eb4da4d", 989.0
+    rows, lease, peak = run_summary.read_jsonl(ROOT / "results" / "perf_h200.jsonl"), "lease-0eb4da4d", 989.0
     cases = repeats.summaries(rows, lease)
     frozen = [n for n, r in cases.items() if not repeats.trains_every_tower(r)]
     best, summary = repeats.best_h1(rows, lease)
@@ -270,8 +271,8 @@ def test_report_pairs_claims_and_ranks_cases_within_one_lease(tmp_path: Path) ->
     (h1 also ran alone on other leases, whose figures differ by more than the claims do); frozen-vision summaries
     stand in their own table; a claim whose sides never shared a lease says so."""
     path = ROOT / "results" / "perf_h200.jsonl"
-    rows = results.read_jsonl(path)
-    md = bench_report.report(PERF, path, f"{ENTRY} --report")
+    rows = run_summary.read_jsonl(path)
+    md = sweep_report.report(PERF, path, f"{ENTRY} --report")
     h1, both, timing0 = (PERF.case(c).name for c in (
         {"experiment": "perf_h200x2_best", "layout": "3d-ep1", "data.packing": 12288, "train.global_batch_size": 4},
         {"experiment": "perf_h200x2_best", "layout": "3d-ep1", "data.packing": 12288, "train.global_batch_size": 4,
@@ -293,6 +294,6 @@ def test_report_pairs_claims_and_ranks_cases_within_one_lease(tmp_path: Path) ->
     apart = (h1, h1 + repeats.SUMMARY_SUFFIX)  # h1 left only on leases the host-grid + timing0 case did not run on
     moved = [r for r in rows if not (r["name"] in apart and r.get("lease") == "lease-2b3014ae")]
     (tmp_path / "p.jsonl").write_text("".join(json.dumps(r) + "\n" for r in moved))
-    line = next(x for x in bench_report.report(PERF, tmp_path / "p.jsonl", ENTRY).splitlines()
+    line = next(x for x in sweep_report.report(PERF, tmp_path / "p.jsonl", ENTRY).splitlines()
                 if x.startswith("| ViT grid on the host and timing level 0 |"))
     assert "not measured on one lease" in line

@@ -12,7 +12,7 @@ from vlmtrain import report
 from vlmtrain.build import container, target
 from vlmtrain.check import memory
 from vlmtrain.config.groups import precision
-from vlmtrain.observe import results
+from vlmtrain.observe import run_summary
 
 RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "precision_h200"
 
@@ -64,7 +64,7 @@ def test_mfu_peaks_per_precision(compose):
 
 
 def test_recorded_runs_carry_precision_and_both_mfus():
-    rows = {d.name: results.read_jsonl(d / "metrics.jsonl")[-1] for d in RECORDED.iterdir()}
+    rows = {d.name: run_summary.read_jsonl(d / "metrics.jsonl")[-1] for d in RECORDED.iterdir()}
     assert {n: r["precision"] for n, r in rows.items()} == {
         "bf16-0": "bf16", "fp8-tensorwise-0": "fp8-tensorwise", "fp8-blockwise-0": "fp8-blockwise"}
     assert rows["bf16-0"]["mfu_precision_peak"] == rows["bf16-0"]["mfu"]
@@ -88,7 +88,7 @@ def test_memory_estimate_accounts_for_blockwise_fp8_weight_copies(compose):
     tensorwise = memory.estimate(compose(*base, "precision=fp8"))
     blockwise = memory.estimate(compose(*base, "precision=fp8", "precision.scaling=blockwise"))
     assert bf16.quantized_weights == tensorwise.quantized_weights == 0.0
-    peak = {d.name: results.summarize(d)["peak_mem_gib"] for d in RECORDED.iterdir()}
+    peak = {d.name: run_summary.summarize(d)["peak_mem_gib"] for d in RECORDED.iterdir()}
     measured = peak["fp8-blockwise-0"] - peak["bf16-0"]
     assert blockwise.allocated - bf16.allocated == pytest.approx(measured, rel=0.05)
     assert json.loads((RECORDED / "fp8-blockwise-0" / "case.json").read_text())["rc"] == 124

@@ -24,6 +24,8 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
                                     [*B30, "kernels.vit_attention_head_dim=128"]),
     "wgrad_fusion_under_fsdp": (["parallelism=fsdp", "kernels.wgrad_fusion=true"],
                                 ["parallelism=3d", "kernels.wgrad_fusion=true"]),
+    "precision_aware_optimizer_under_fsdp": (["parallelism=fsdp", "precision.precision_aware_optimizer=true"],
+                                             ["parallelism=3d", "precision.precision_aware_optimizer=true"]),
     "fsdp_needs_pp1": (["parallelism=fsdp", "parallelism.pp=2"], ["parallelism=fsdp"]),
     "fsdp_checkpoint_format": (
         ["parallelism=fsdp", "+bridge.checkpoint.ckpt_format=torch_dist"],

@@ -1,4 +1,4 @@
-"""vlmtrain.report.profile (what `vlmtrain profile` and benchmarks/profile_step.py print) on a slice of a real H200
+"""vlmtrain.report.profile (what `vlmtrain profile` and vlmtrain.lab.profile_step print) on a slice of a real H200
 trace (Bridge's PyTorch profiler with call stacks, train.profile_step): 64 ms of the issue-9 kernels-sweep best case
 around one call of Bridge's ViT position-embedding interpolation."""
 

@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 from vlmtrain import cli, report
 from vlmtrain.check import preflight
 from vlmtrain.config.compose import compose
-from vlmtrain.observe import results
+from vlmtrain.observe import run_summary
 from vlmtrain.report import labels, plots
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,7 +52,7 @@ def results_rows() -> dict[str, dict]:
 
 def case_overrides() -> dict[str, list[str]]:
     """Every fixture case's overrides; the crash has no results row (only successful runs are appended), so it is
-    the tiny 3d 1-GPU command plus its graph scope, as in benchmarks/run_cases.py, at the 8 iterations its log
+    the tiny 3d 1-GPU command plus its graph scope, as in vlmtrain.lab.cases, at the 8 iterations its log
     shows (`iteration 7/ 8`; the case runs 12 since)."""
     out = {name: command_overrides(row["command"]) for name, row in results_rows().items()}
     tiny_3d = out["tiny_3d_ep1_trainable_recompute-none_graph-none_1gpu"]
@@ -116,7 +116,7 @@ def sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
     launched = [OmegaConf.to_container(OmegaConf.load(d / ".hydra" / "overrides.yaml"))
                 for d in sorted(sweep.iterdir(), key=lambda d: int(d.name.split("_")[0]))]
     write_preflight(sweep, [*launched, NEVER_STARTED])
-    rows = results.read_jsonl(CASES / WANDB_CASE / "metrics.jsonl")[:WANDB_ROWS]
+    rows = run_summary.read_jsonl(CASES / WANDB_CASE / "metrics.jsonl")[:WANDB_ROWS]
     log_wandb_run(sweep, wandb_overrides(overrides[WANDB_CASE]), rows)
     return sweep
 
@@ -137,10 +137,10 @@ def by_case(jobs: dict[str, report.Job], case: str) -> report.Job:
 
 
 def expected_wandb_useful(tmp_path: Path) -> float:
-    """What vlmtrain.observe.results.summarize says about the rows logged to W&B."""
-    rows = results.read_jsonl(CASES / WANDB_CASE / "metrics.jsonl")[:WANDB_ROWS]
+    """What vlmtrain.observe.run_summary.summarize says about the rows logged to W&B."""
+    rows = run_summary.read_jsonl(CASES / WANDB_CASE / "metrics.jsonl")[:WANDB_ROWS]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return results.summarize(tmp_path)["useful_tokens_per_s_per_gpu"]
+    return run_summary.summarize(tmp_path)["useful_tokens_per_s_per_gpu"]
 
 
 def case_name(job: report.Job) -> str:
@@ -159,7 +159,7 @@ def test_ranking_follows_useful_tokens_per_gpu(jobs: dict[str, report.Job], tmp_
 
 def test_metrics_match_results_summarize(jobs: dict[str, report.Job]) -> None:
     for name in results_rows():
-        job, summary = by_case(jobs, name), results.summarize(CASES / name)
+        job, summary = by_case(jobs, name), run_summary.summarize(CASES / name)
         for key in ("steps", "step_s", "peak_mem_gib", "useful_tokens_per_s_per_gpu", "tflops_per_s_per_gpu", "mfu",
                     "nonpad_fraction", "last_loss"):
             assert job.metrics[key] == pytest.approx(summary[key]), (name, key)
@@ -352,7 +352,7 @@ def test_component_times_replace_the_flop_split(tmp_path: Path) -> None:
     derived from a real run: its step time divided in proportion to its FLOP split."""
     name = "tiny_fsdp_ep1_trainable_recompute-none_graph-none_1gpu"
     job = add_job(tmp_path / "sweep", 0, case_overrides()[name], CASES / name)
-    rows = results.read_jsonl(job / "metrics.jsonl")
+    rows = run_summary.read_jsonl(job / "metrics.jsonl")
     for r in rows:
         r.update(time_vision_s=r["step_s"] * r["flops_vit"] / r["flops"],
                  time_projector_s=r["step_s"] * r["flops_projector"] / r["flops"],
@@ -432,8 +432,8 @@ def test_rates_are_total_work_over_total_time() -> None:
     """A run's tokens/s and MFU are its steady window's totals over its time, not a median of per-step rates (the
     median overstates them when steps carry unequal work, as packed real images do)."""
     run_dir = CASES / "30b-shape-l4_fsdp_ep2_trainable_recompute-none_graph-none_2gpu"
-    steps = results.steady(results.read_jsonl(run_dir / "metrics.jsonl"))
-    summary = results.summarize(run_dir)
+    steps = run_summary.steady(run_summary.read_jsonl(run_dir / "metrics.jsonl"))
+    summary = run_summary.summarize(run_dir)
     seconds = sum(r["step_s"] for r in steps)
     assert summary["useful_tokens_per_s_per_gpu"] == pytest.approx(sum(r["nonpad_tokens"] for r in steps) / seconds / 2)
     assert summary["mfu"] == pytest.approx(sum(r["mfu"] * r["step_s"] for r in steps) / seconds)

@@ -1,4 +1,4 @@
-"""The Slurm preemption check's CPU side (vlmtrain.observe.bench.slurm_preempt): the training it submits builds
+"""The Slurm preemption check's CPU side (vlmtrain.lab.checks.slurm_preempt): the training it submits builds
 the Bridge config it relies on (checkpoints only on the exit signal), the disk check refuses a 30B-A3B checkpoint
 that cannot fit, and the verdict reads the files a real requeued run leaves (rank records written by
 launch/slurm.py itself) and fails on each way a resume can go wrong.
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from vlmtrain.lab.checks import slurm_preempt as sp
 from vlmtrain.launch import slurm
-from vlmtrain.observe.bench import slurm_preempt as sp
 
 CASE = sp.CASES["tiny"]
 REF = {s: 10.0 - 0.1 * s for s in range(CASE.iterations)}

@@ -1,5 +1,5 @@
 """The startup spans of a run's first metrics row (vlmtrain.observe.startup) from this test process's real start
-time, and their way into a benchmark row's metrics (observe.results.summarize_rows) from a recorded GPU run's rows."""
+time, and their way into a benchmark row's metrics (observe.run_summary.summarize_rows) from a recorded GPU run's rows."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from vlmtrain.observe import results, startup
+from vlmtrain.observe import run_summary, startup
 
 CASES = Path(__file__).resolve().parents[1] / "fixtures" / "gpu_cases"
 CASE = CASES / "30b-shape-l4_fsdp_ep1_trainable_recompute-none_graph-none_1gpu"
@@ -40,9 +40,9 @@ def test_mark_launch_hands_the_time_to_the_ranks_environment(monkeypatch: pytest
 def test_the_summary_carries_the_first_rows_spans_not_a_later_rows() -> None:
     rows = [json.loads(line) for line in (CASE / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 10 and not any(k in rows[0] for k in startup.KEYS)  # recorded before the spans existed
-    assert not any(k in results.summarize_rows(rows) for k in startup.KEYS)
+    assert not any(k in run_summary.summarize_rows(rows) for k in startup.KEYS)
     rows[0] |= {"startup_launcher_s": 48.0, "startup_rank_setup_s": 19.5, "startup_first_step_s": 24.1}
     rows[5] |= {"startup_launcher_s": 999.0}  # only the first row's count
-    summary = results.summarize_rows(rows)
+    summary = run_summary.summarize_rows(rows)
     assert {k: summary[k] for k in startup.KEYS} == {"startup_launcher_s": 48.0, "startup_rank_setup_s": 19.5,
                                                      "startup_first_step_s": 24.1}

@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from vlmtrain.observe import results, timing
+from vlmtrain.observe import run_summary, timing
 
 
 def test_attribute_gives_each_interval_to_the_mark_before_it() -> None:
@@ -163,7 +163,7 @@ def recorded_h1_runs() -> dict[str, dict[str, float]]:
     """The H1 runs of three leases in results/perf_h200.jsonl, all with data.num_workers=2: rows of 8192 tokens at
     6.2-6.6 s steps (efb44c3c), of 12288 tokens at ~4 s (2b3014ae), and the same at ~2.9 s with grid-only mask
     renders (b64c7526), which cost a worker 0.61 s per row instead of 0.81 (results/collate_cpu.jsonl)."""
-    rows = results.read_jsonl(Path(__file__).resolve().parents[2] / "results" / "perf_h200.jsonl")
+    rows = run_summary.read_jsonl(Path(__file__).resolve().parents[2] / "results" / "perf_h200.jsonl")
     return {f"{r['lease']}_{r['name']}_{r['run']}": r["metrics"] for r in rows
             if r["name"].startswith("h1_") and "run" in r and "time_data_s" in r["metrics"]}
 

@@ -1,6 +1,6 @@
 """`vlmtrain tune` end to end on CPU: the real spec, real candidate generation, real preflight pruning (memory estimate
 included), the real search with its state, early stopping, ladder, finalists and outputs; only the GPU runs are a
-test double: each trial replays a real recorded 2 x H200 run (tests/fixtures/perf_h200x2/results.jsonl, the rows of
+test double: each trial replays a real recorded 2 x H200 run (tests/fixtures/perf_h200x2/summary.jsonl, the rows of
 results/perf_h200x2.jsonl) of the configuration it composes to, step by step into its run dir's metrics.jsonl. The
 packed rows were recorded as MBS-sample packing; each stands for the capacity case pack-budget mapped its name to."""
 
@@ -14,11 +14,12 @@ import pytest
 from omegaconf import OmegaConf
 
 from vlmtrain.config.compose import compose
-from vlmtrain.observe import results
-from vlmtrain.tune import outputs, search, space, spec, trials
+from vlmtrain.lab import spec, store
+from vlmtrain.lab.tune import outputs, search, space, trials
+from vlmtrain.observe import run_summary
 
 ROOT = Path(__file__).resolve().parents[2]
-RECORDED = ROOT / "tests" / "fixtures" / "perf_h200x2" / "results.jsonl"
+RECORDED = ROOT / "tests" / "fixtures" / "perf_h200x2" / "summary.jsonl"
 SPEC = ROOT / "tests" / "fixtures" / "tune" / "replay_2xh200.yaml"
 NOT_CONFIG = ("output_dir", "name", "choices", "dry_run", "wandb", "preflight")
 
@@ -47,7 +48,7 @@ def as_capacity(config: list[str]) -> list[str]:
 def recordings() -> dict[str, list[dict[str, Any]]]:
     """The recorded runs of every 2 x H200 benchmark configuration, in file order (two leases: two rows)."""
     out: dict[str, list[dict[str, Any]]] = {}
-    for row in results.read_jsonl(RECORDED):
+    for row in run_summary.read_jsonl(RECORDED):
         if row["name"].startswith("30b-l8_") and "config" in row and not {"superseded", "resummarized"} & row.keys():
             out.setdefault(config_key(as_capacity(row["config"])), []).append(row)
     return out
@@ -73,7 +74,7 @@ class ReplayHandle:
         if self.stopped:
             return -15
         if self.i < len(self.rows):
-            results.append_jsonl(self.run_dir / "metrics.jsonl", self.rows[self.i])
+            store.append_jsonl(self.run_dir / "metrics.jsonl", self.rows[self.i])
             self.i += 1
             return None
         return self.rc
@@ -165,7 +166,7 @@ def test_early_stop_and_ladder(searched: tuple[dict[str, Any], Replay, Path]) ->
     assert state["stages"][1]["ran"] == [f"fsdp-ep2_pack{c}_mbs1_rc-none_cg-none" for c in (4096, 8192)] \
         + [f"fsdp-ep2_unpacked_mbs{m}_rc-none_cg-none" for m in (1, 2)]
     stopped = by_name["fsdp-ep2_unpacked_mbs2_rc-none_cg-none"]
-    assert stopped["status"] == "stopped" and stopped["metrics"]["steps"] == results.SKIP + 1
+    assert stopped["status"] == "stopped" and stopped["metrics"]["steps"] == run_summary.SKIP + 1
     assert stopped["metrics"]["useful_tokens_per_s_per_gpu"] < 0.8 * state["stages"][1]["best_useful"]
     assert by_name["fsdp-ep2_pack8192_mbs1_rc-none_cg-none"]["status"] == "ok"
     assert state["stages"][1]["best"] == "fsdp-ep2_pack8192_mbs1_rc-none_cg-none"
@@ -282,7 +283,7 @@ H1 = ["model=qwen3_vl_30b_a3b", "model.num_layers=4", "hardware=h200", "data=rea
 
 
 def test_h1_batch_stage_prunes_by_the_capacity() -> None:
-    """On one H200 (the H1 tune of benchmarks/README.md) the default batch stage keeps the capacities the memory
+    """On one H200 (the H1 tune of docs/benchmarks.md) the default batch stage keeps the capacities the memory
     estimate fits, each at MBS 1 with the base's 48 samples as rows, and prunes the rest before anything runs."""
     s = spec.load("default")
     s.base = [*s.base, *H1]
@@ -303,14 +304,14 @@ def test_h1_batch_stage_prunes_by_the_capacity() -> None:
 
 
 def test_h1_hand_found_preset_passes_preflight_on_one_h200() -> None:
-    """The --versus configuration of the H1 command in benchmarks/README.md: composes, one GPU, 4 layers, packing
+    """The --versus configuration of the H1 command in docs/benchmarks.md: composes, one GPU, 4 layers, packing
     by token budget at MBS 1 with the rows the tune gives a candidate of its capacity (equal work per step), and
     preflight has no error without preflight.ignore."""
     from vlmtrain.check import preflight
     from vlmtrain.config import world
     from vlmtrain.config.resolve import resolve
 
-    readme = (ROOT / "benchmarks" / "README.md").read_text().split("## vlmtrain tune on one H200")[1]
+    readme = (ROOT / "docs" / "benchmarks.md").read_text().split("## vlmtrain tune on one H200")[1]
     versus = readme.split('--versus "')[1].split('"')[0].split()
     assert not any(o.startswith("preflight.") for o in versus)
     run = space.placed(versus, 1)

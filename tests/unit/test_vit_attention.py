@@ -1,9 +1,9 @@
-"""benchmarks/vit_attention.py's CPU side: the shapes it times are one H1 micro-batch's images as data=realistic
+"""vlmtrain.lab.micro.vit_attention's CPU side: the shapes it times are one H1 micro-batch's images as data=realistic
 draws them, and the FLOPs it divides by are the attention's."""
 
 from __future__ import annotations
 
-from vlmtrain.observe.bench import vit_attention as va
+from vlmtrain.lab.micro import vit_attention as va
 
 
 def test_shapes_are_one_micro_batch_of_realistic_images() -> None:

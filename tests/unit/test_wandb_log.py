@@ -29,7 +29,7 @@ from vlmtrain.observe import wandb_run
 from vlmtrain.report.wandb_runs import read_wandb_file
 
 CASE = Path(__file__).parents[1] / "fixtures/gpu_cases/30b-shape-l4_fsdp_ep2_trainable_recompute-none_graph-none_2gpu"
-# benchmarks/run_cases.py's SHAPE_30B case on 2 GPUs
+# vlmtrain.lab.cases's SHAPE_30B case on 2 GPUs
 OVERRIDES = ["model=qwen3_vl_30b_a3b", "model.num_layers=4", "data=realistic", "train.iterations=10",
              "train.global_batch_size=8", "gpus_per_node=2"]
 ENV_SECRET = "hf_planted0123456789abcdef"

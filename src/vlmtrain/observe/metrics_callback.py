@@ -26,7 +26,7 @@ from megatron.bridge.training.callbacks import Callback
 from vlmtrain.config.groups import precision
 from vlmtrain.config.resolve import Resolved, resolve
 from vlmtrain.observe import flops, startup, timing, wandb_run
-from vlmtrain.observe.results import SKIP, append_jsonl
+from vlmtrain.observe.run_summary import SKIP, append_jsonl
 from vlmtrain.train.step_counters import COUNTERS
 
 if TYPE_CHECKING:
@@ -76,7 +76,7 @@ def bridge_step_stats(context: Any) -> tuple[int, tuple]:
 
 def step_rates(run: RunConfig, counts: dict[str, Any], fl: flops.Flops, step_s: float, gpus: int) -> dict[str, Any]:
     """One step's FLOPs, token rates and MFUs from its token counts (all ranks') and vlmtrain's FLOPs: the one
-    definition of these keys, for vlmtrain's rows and the Bridge-recipe peer's (observe.bench.bridge_recipe)."""
+    definition of these keys, for vlmtrain's rows and the Bridge-recipe peer's (lab.bridge_recipe)."""
     return dict(flops_vit=fl.vit, flops_projector=fl.projector, flops_decoder=fl.decoder, flops=fl.total,
                 useful_tokens_per_s_per_gpu=counts["nonpad_tokens"] / step_s / gpus,
                 padded_tokens_per_s_per_gpu=counts["padded_tokens"] / step_s / gpus,

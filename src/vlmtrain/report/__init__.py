@@ -4,7 +4,7 @@
 
 Each job is read from its own files (run_config.yaml, metrics.jsonl, train.log, .hydra/), from W&B offline
 run files found under the directory, or from the W&B API for `wandb:` groups. Numbers are
-vlmtrain.observe.results.summarize_rows: over the steps after warm-up (rates as total work / total time, the rest
+vlmtrain.observe.run_summary.summarize_rows: over the steps after warm-up (rates as total work / total time, the rest
 medians). Frozen-vision and mock-data runs get their own sections: their throughput is not comparable with
 trainable runs on real data. Writes report.md, report.csv and three PNG plots.
 """

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from vlmtrain.config.groups import CHOSEN
-from vlmtrain.observe.results import HEADLINE_KEYS, steady, summarize_rows
+from vlmtrain.observe.run_summary import HEADLINE_KEYS, steady, summarize_rows
 
 TIME_KEYS = ("time_vision_s", "time_projector_s", "time_decoder_s", "time_optimizer_s", "time_data_s", "time_other_s")
 """observe.timing's per-component seconds of a step (rank 0); `other` = step_s minus the named ones."""
@@ -181,7 +181,7 @@ def _layout(config: dict[str, Any]) -> Any:
 
 
 def steady_metrics(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """observe.results.summarize_rows over the step rows only (W&B history also holds other rows), with the
+    """observe.run_summary.summarize_rows over the step rows only (W&B history also holds other rows), with the
     component medians and the GPU count the token rates imply (what ran, which Job.layout prefers to the config)."""
     rows = [r for r in rows if isinstance(r.get("step_s"), int | float) and "useful_tokens_per_s_per_gpu" in r]
     out = summarize_rows(rows, keys=SUMMARY_KEYS)

@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from vlmtrain.config.groups import CHOSEN
 from vlmtrain.observe import failure
-from vlmtrain.observe.results import read_jsonl
+from vlmtrain.observe.run_summary import read_jsonl
 from vlmtrain.report.failures import classify, log_text
 from vlmtrain.report.job import Job, steady_metrics
 from vlmtrain.report.wandb_runs import attach_wandb, online_jobs

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from vlmtrain.config.groups import CHOSEN
-from vlmtrain.observe.results import SKIP
+from vlmtrain.observe.run_summary import SKIP
 from vlmtrain.report.job import FLOP_KEYS, SECTIONS, STATUS, TIME_KEYS, Job
 from vlmtrain.report.labels import baseline, describe, flags, layout_text, shown_elsewhere, split_kind, split_text
 from vlmtrain.report.plots import PLOTS

@@ -1,6 +1,7 @@
-"""Drop-in replacements for seven Bridge / Megatron hot spots that profiles found (the issue-9 best case's,
-results/profile_h200x2.jsonl; vit_host_grid, vit_attention_pad and wgrad_fusion H1's, results/profile_h200.jsonl;
-mask_grid_only the loader's, results/collate_cpu.jsonl): the same results, meant to be faster.
+"""Drop-in replacements for eight Bridge / Megatron / TE hot spots that profiles found (the issue-9 best case's,
+results/profile_h200x2.jsonl; vit_host_grid, vit_attention_pad, wgrad_fusion and expert_wgrad H1's,
+results/profile_h200.jsonl; mask_grid_only the loader's, results/collate_cpu.jsonl): the same results, meant to be
+faster.
 The kernels group decides which (`replacements`); `install()` puts them in place once per training process, before
 Bridge builds the model.
 
@@ -38,6 +39,9 @@ Bridge builds the model.
   gradient was written in BF16 and added to its FP32 main grad by Megatron's grad hook (72 ms of adds and 42 ms of
   GPU idle in the H1 step). Here kernels.apply turns the fusion on, the ViT's config (built from scratch by Bridge)
   takes it too, and those linears get TE's accumulating GEMM where they ask for APEX's.
+- expert_wgrad: TE's GroupedLinear runs each MoE expert's weight gradient as its own cuBLAS GEMM (the token counts
+  are ragged, which its CUTLASS grouped GEMM cannot take): 128 GEMMs per linear. vlmtrain.train.expert_wgrad runs
+  them as torch grouped GEMMs instead (its docstring says how and what it leaves to TE).
 
 Always installed, whatever the groups say (`install_redaction`): Bridge writes the whole ConfigContainer next to
 every checkpoint (checkpointing.save_checkpoint -> `cfg.to_yaml(<iter dir>/run_config.yaml)`), hands
@@ -389,6 +393,19 @@ def install_wgrad_fusion() -> None:
     _copy_into_vit_config("wgrad_fusion", ("gradient_accumulation_fusion",))
 
 
+# --- expert_wgrad -------------------------------------------------------------------------------------------------
+
+
+def install_expert_wgrad() -> None:
+    """expert_wgrad: TE's GroupedLinear backward looks `general_grouped_gemm` up in its module when it runs; the
+    experts' BF16 wgrads go to vlmtrain.train.expert_wgrad, everything else to TE's own."""
+    from transformer_engine.pytorch.module import grouped_linear
+
+    from vlmtrain.train.expert_wgrad import grouped
+
+    _replace("expert_wgrad", grouped_linear, "general_grouped_gemm", grouped(grouped_linear.general_grouped_gemm))
+
+
 # --- redaction (always) -------------------------------------------------------------------------------------------
 
 
@@ -445,7 +462,7 @@ INSTALL: dict[str, Callable[[RunConfig], None]] = {
     "pin_visual_inputs": lambda run: install_pin_visual_inputs(), "vit_host_grid": lambda run: install_vit_host_grid(),
     "vit_quantized": lambda run: install_vit_quantized(), "mask_grid_only": lambda run: install_mask_grid_only(),
     "vit_attention_pad": lambda run: install_vit_attention_pad(run.kernels.vit_attention_head_dim),
-    "wgrad_fusion": lambda run: install_wgrad_fusion()}
+    "wgrad_fusion": lambda run: install_wgrad_fusion(), "expert_wgrad": lambda run: install_expert_wgrad()}
 """Each replacement's installer, given the run (only vit_attention_pad reads it: its head dim)."""
 
 

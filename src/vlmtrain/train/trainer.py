@@ -24,7 +24,7 @@ def use_prebuilt_dataset_helpers() -> None:
 def build(run: RunConfig) -> tuple[ConfigContainer, list[str]]:
     """The run's container as pretrain() gets it: built, checked against this machine, with Bridge's code paths
     replaced (the redaction and sample ids always; the kernels' per run, returned). Also for GPU checks that drive
-    Bridge's setup() themselves (observe.bench.packing_equivalence)."""
+    Bridge's setup() themselves (lab.checks.packing_equivalence)."""
     from vlmtrain.build import container
     from vlmtrain.train import after_build, bridge_patches
 

@@ -14,7 +14,7 @@ experts over expert-DP; TP/PP/EP/ETP have already split the model before that):
 Activations (decoder, ViT, logits, dispatcher, FSDP unit gathers) live during forward-backward; the FSDP
 step-end buckets live after backward. The peak is the persistent state plus the larger of the two phases.
 `allocated` is what torch.cuda.max_memory_allocated() reports (it is validated against measured H200 runs in
-benchmarks/memory_check.py); `total` adds what the caching allocator does not see (CUDA context, NCCL buffers,
+vlmtrain.lab.calibrate.memory_check); `total` adds what the caching allocator does not see (CUDA context, NCCL buffers,
 allocator slack) and is compared with the hardware group's `memory_gib`.
 
 Modules: `params` (parameters per tower and stage), `workload` (what one sample carries, padding),
@@ -30,6 +30,7 @@ from vlmtrain.check.memory.estimate import (
     MemoryBreakdown,
     estimate,
     model_state_bytes,
+    optimizer_bytes,
     render,
 )
 from vlmtrain.check.memory.params import StageParams, layer_params, model_param_count, param_counts, stage_params
@@ -38,5 +39,5 @@ from vlmtrain.check.memory.workload import Workload, default_workload, image_tok
 __all__ = [
     "CONTEXT_OVERHEAD_GIB", "GIB", "GRAD_BYTES", "OPTIMIZER_BYTES", "MemoryBreakdown", "StageParams", "Workload",
     "default_workload", "estimate", "image_token_bound", "layer_params", "model_param_count", "model_state_bytes",
-    "pads", "param_counts", "render", "stage_params",
+    "optimizer_bytes", "pads", "param_counts", "render", "stage_params",
 ]

@@ -24,7 +24,7 @@ LOGITS_BYTES = {CrossEntropy.native: BF16 + 2 * FP32, CrossEntropy.te: 2 * BF16}
 fused vocab-parallel cross entropy makes and keeps as softmax for backward + the FP32 gradient built from it; 10 B
 matches the tiny-model runs, whose peak is almost only logits: (7.14 - 1.15) GiB / (4096 x 151936) = 10.1 B (3D EP2,
 seq 4096). te: the BF16 logits + the BF16 copy TE's cross entropy saves for backward (its backward writes the
-gradient into that copy); benchmarks/logits_memory.py measures both (results/logits_memory_h200.jsonl)."""
+gradient into that copy); vlmtrain.lab.micro.logits_memory measures both (results/logits_memory_h200.jsonl)."""
 FLEX_DISPATCHER_BUFFER_GIB = 1.0
 """DeepEP/HybridEP communication buffers, allocated once per process by Megatron's fused_a2a. Assumed, not
 measured (no flex-dispatcher run on record)."""

@@ -37,6 +37,18 @@ GRAD_BYTES = FP32
 """Main grads are FP32: vlmtrain builds Bridge's DDP config with grad_reduce_in_fp32=True (build/container.py)."""
 OPTIMIZER_BYTES = 3 * FP32
 """Adam under Megatron's distributed optimizer: FP32 master weights + exp_avg + exp_avg_sq = 12 B per param."""
+REMAINDER_OPTIMIZER_BYTES = BF16 + 2 * FP32
+"""precision.precision_aware_optimizer: TE's FusedAdam keeps the master weight as the BF16 weight plus a 16-bit
+remainder (Megatron's store_param_remainders), where its weights are BF16 (Megatron: bf16, or fp8 delayed
+scaling); its other recipes keep FP32 master weights."""
+
+
+def optimizer_bytes(run: RunConfig) -> int:
+    """Adam's state per trainable parameter."""
+    p = run.precision
+    remainders = p.format == precision.Format.bf16 or (p.format == precision.Format.fp8
+                                                        and p.scaling == precision.Scaling.delayed)
+    return REMAINDER_OPTIMIZER_BYTES if p.precision_aware_optimizer and remainders else OPTIMIZER_BYTES
 FSDP_STEP_BUFFER_BYTES = BF16
 """Megatron-FSDP holds 2 B per trainable parameter (unsharded on the rank) after backward: measured as the
 allocation left after each step beyond params+grads+optimizer in the three FSDP H200 runs (tiny 1 GPU: 0.16 GiB;
@@ -141,7 +153,7 @@ def model_state_bytes(run: RunConfig, lay: Layout, sp: StageParams) -> tuple[flo
     """(BF16 params, FP32 grads, optimizer state, FSDP step-end buckets) bytes one rank holds for `sp`."""
     dense, expert = sp.vision + sp.projector + sp.decoder_dense, sp.decoder_expert
     t_dense, t_expert = _trainable(run, sp)
-    optimizer = OPTIMIZER_BYTES * (t_dense / lay.dp + t_expert / lay.expert_dp)
+    optimizer = optimizer_bytes(run) * (t_dense / lay.dp + t_expert / lay.expert_dp)
     if run.parallelism.kind == ParKind.fsdp:  # ZeRO-3: weights and grads shard like the optimizer state
         params = BF16 * (dense / lay.dp + expert / lay.expert_dp)
         grads = GRAD_BYTES * (t_dense / lay.dp + t_expert / lay.expert_dp)
@@ -202,7 +214,7 @@ def estimate(run: RunConfig, workload: Workload | None = None) -> MemoryBreakdow
     carries the ViT and embedding, the last stage the output layer and logits).
 
     `workload` defaults to `default_workload(run)` (the worst case); pass the measured longest sample to compare
-    with a real run (benchmarks/memory_check.py).
+    with a real run (vlmtrain.lab.calibrate.memory_check).
     """
     lay = world.layout(run)
     w = workload or default_workload(run)

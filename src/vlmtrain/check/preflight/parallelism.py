@@ -121,7 +121,7 @@ def partial_nodes(run: RunConfig, res: Resolved) -> str | None:
 def profile_step_in_run(run: RunConfig, res: Resolved) -> str | None:
     step, iters = run.train.profile_step, run.train.iterations
     # Bridge starts recording at profile_step and writes the trace when the loop reaches profile_step + 1, so one
-    # more iteration must follow (benchmarks/profile_step.py's proven setting: step 5 of 7)
+    # more iteration must follow (vlmtrain.lab.profile_step's proven setting: step 5 of 7)
     if step is not None and not 1 <= step <= iters - 2:
         return (f"train.profile_step={step} leaves no room in this run (train.iterations={iters}): Bridge would "
                 f"write no trace. Set 1 <= train.profile_step <= train.iterations - 2, after warm-up, e.g. "

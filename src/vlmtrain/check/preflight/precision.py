@@ -94,3 +94,13 @@ def mxfp8_buffer_reuse_off_under_fsdp(run: RunConfig, res: Resolved) -> str | No
                 "implemented for Megatron-FSDP), so the MXFP8 parameter all-gather takes its own buffer; the memory "
                 "estimate does not count it. parallelism=3d keeps the reuse.")
     return None
+
+
+@rule(Severity.warning)
+def precision_aware_optimizer_under_fsdp(run: RunConfig, res: Resolved) -> str | None:
+    """Megatron-FSDP shards the optimizer its own way; the precision-aware optimizer was trained under 3D only."""
+    if run.precision.precision_aware_optimizer and run.parallelism.kind == ParKind.fsdp:
+        return ("precision.precision_aware_optimizer=true with parallelism=fsdp: vlmtrain has trained with TE's "
+                "precision-aware FusedAdam under parallelism=3d only (tests/gpu/test_fastpaths_gpu.py). Compare its "
+                "losses with precision.precision_aware_optimizer=false before relying on it.")
+    return None

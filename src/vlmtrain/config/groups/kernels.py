@@ -5,10 +5,10 @@
 | default | multistream: a cuBLAS GEMM per local expert, streams | unfused                | native        |
 | fast    | cutlass: one CUTLASS grouped GEMM (SM90 only)        | TE fused top-k         | te            |
 
-| option  | rope (packed rows) | vit_positions        | pin_visual_inputs | vit_host_grid | mask_grid_only | wgrad |
-|---------|--------------------|----------------------|-------------------|---------------|----------------|-------|
-| default | Bridge's unfused   | Bridge's image loops | false (pageable)  | false         | false          | false |
-| fast    | te: fused kernel   | vectorized (host)    | true              | false         | true           | false |
+| option  | rope (packed rows) | vit_positions  | pin_visual_inputs | vit_host_grid | mask_grid_only | wgrad | expert |
+|---------|--------------------|----------------|-------------------|---------------|----------------|-------|--------|
+| default | Bridge's unfused   | Bridge's loops | false (pageable)  | false         | false          | false | te     |
+| fast    | te: fused kernel   | vectorized     | true              | false         | true           | false | te     |
 
 `default` is what Bridge does unless told otherwise. `fast` is what the issue-9 kernels sweep measured on 2 x H200
 (results/perf_h200x2.jsonl, one machine lease, same step-1 loss): CUTLASS grouped GEMM 1.13x useful tokens/s at
@@ -16,15 +16,16 @@ packed MBS 8 (TE #2045: per-expert GEMMs are small and many in fine-grained MoE)
 entropy 0.97x (no speed change within noise) at 8 GiB less peak memory, which let MBS grow from 8 to 12.
 TE reads NVTE_USE_CUTLASS_GROUPED_GEMM from the environment when it runs a grouped GEMM, so `env()` feeds
 hardware.runtime_env (exported before torch is imported), not a Bridge field.
-`rope`, `vit_positions`, `pin_visual_inputs`, `vit_host_grid`, `mask_grid_only`, `vit_attention_head_dim` and
-`wgrad_fusion` replace Bridge / Megatron code paths that profiles found slow (vlmtrain.train.bridge_patches says what
-each does and installs them in each training process, whose loader workers inherit them); `vit_host_grid` is not in
-`fast` (docs/measurements.md, "Host syncs at H1"); `mask_grid_only` builds the same rows with less loader CPU
-(results/collate_cpu.jsonl). `vit_attention_head_dim` (null: the model's) is a head dim to run the ViT's attention
-at, zero-padded from the model's: exact, and worth it where the attention kernel is faster at that dim
-(benchmarks/vit_attention.py measures each). No option sets it: the best dim depends on the model and the card, and
-TE keeps the padded tensors (the memory estimate counts them); `experiment=perf_h200_best` does. `wgrad_fusion` (wgrad)
-is in that preset too, measured only together with its other changes (docs/measurements.md), hence not in `fast`.
+`rope`, `vit_positions`, `pin_visual_inputs`, `vit_host_grid`, `mask_grid_only`, `vit_attention_head_dim`,
+`wgrad_fusion` and `expert_wgrad` replace Bridge / Megatron / TE code paths that profiles found slow
+(vlmtrain.train.bridge_patches says what each does and installs them in each training process, whose loader workers
+inherit them); `vit_host_grid` is not in `fast` (docs/measurements.md, "Host syncs at H1"); `mask_grid_only` builds
+the same rows with less loader CPU (results/collate_cpu.jsonl). `vit_attention_head_dim` (null: the model's) is a
+head dim to run the ViT's attention at, zero-padded from the model's: exact, and worth it where the attention kernel
+is faster at that dim (vlmtrain.lab.micro.vit_attention measures each). No option sets it: the best dim depends on the
+model and the card, and TE keeps the padded tensors (the memory estimate counts them); `experiment=perf_h200_best`
+does. `wgrad_fusion` (wgrad) is in that preset too, measured only together with its other changes
+(docs/measurements.md), hence not in `fast`; `expert_wgrad` (expert) likewise.
 """
 
 from __future__ import annotations
@@ -62,6 +63,11 @@ class VitPositions(StrEnum):
     vectorized = "vectorized"
 
 
+class ExpertWgrad(StrEnum):
+    te = "te"
+    grouped = "grouped"
+
+
 @dataclass
 class KernelsConfig:
     moe_grouped_gemm: GroupedGemm = GroupedGemm.multistream
@@ -88,6 +94,10 @@ class KernelsConfig:
     """Weight-gradient GEMMs accumulate into the FP32 main grads themselves (model.gradient_accumulation_fusion, the
     ViT's too), instead of writing a BF16 gradient that Megatron's grad hook then adds (one more pass over every
     weight per micro-batch). Megatron's non-TE linears get it from TE's GEMM, not APEX."""
+    expert_wgrad: ExpertWgrad = ExpertWgrad.te
+    """The MoE experts' BF16 weight gradients: te (TE's GroupedLinear: a cuBLAS GEMM per expert, since their token
+    counts are ragged) or grouped (torch's grouped GEMM over the ragged tokens, a few kernels per linear; the BF16
+    result added to the FP32 main grads, as without wgrad_fusion)."""
 
 
 def env(run: RunConfig) -> dict[str, str]:
@@ -107,5 +117,5 @@ def replacements(run: RunConfig) -> list[str]:
     chosen = {"rope_te": k.rope == Rope.te, "vit_positions": k.vit_positions == VitPositions.vectorized,
               "pin_visual_inputs": k.pin_visual_inputs, "vit_host_grid": k.vit_host_grid,
               "mask_grid_only": k.mask_grid_only, "vit_attention_pad": k.vit_attention_head_dim is not None,
-              "wgrad_fusion": k.wgrad_fusion}
+              "wgrad_fusion": k.wgrad_fusion, "expert_wgrad": k.expert_wgrad == ExpertWgrad.grouped}
     return [name for name, on in chosen.items() if on]

@@ -1,0 +1,115 @@
+"""The dry-run Bridge config of a fixed set of configurations, written so two checkouts can be compared byte for byte:
+the proof that a refactor left every run's ConfigContainer as it was.
+
+    python -m vlmtrain.lab.checks.config_bytes write DIR [--checkout PATH]  # one <case>.yaml each (CPU, ~20 s a case)
+    python -m vlmtrain.lab.checks.config_bytes compare BEFORE AFTER  # exit 1 naming each case that differs
+
+Each case is `python train.py <overrides> dry_run=true` into its own run dir (of another checkout with --checkout: a
+git worktree of the commit before a change, its own src/ on PYTHONPATH); its bridge_config.yaml is copied with
+the checkout's path and the run dir replaced by placeholders (two checkouts live in different folders). CASES touch
+every option of every config group at least once and all four models; the data kinds that read files read the ones
+`vlmtrain data export` writes into DIR first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from vlmtrain.lab.runner import ROOT, TRAIN_PY
+
+INPUTS = "{inputs}"
+"""Placeholder in overrides for DIR/inputs, where the exported datasets go."""
+CASES: dict[str, list[str]] = {
+    "tiny_defaults": ["model=tiny"],
+    "tiny_3d_fast_selective_graph": ["model=tiny", "parallelism=3d", "kernels=fast", "recompute=selective",
+                                     "cuda_graph=moe_router_preprocess", "dispatcher=alltoall", "hardware=h100"],
+    "tiny_jsonl_frozen": ["model=tiny", "data=jsonl", f"data.path={INPUTS}/jsonl/data.jsonl", "vision=frozen"],
+    "tiny_parquet_full_recompute": ["model=tiny", "data=parquet", f"data.path={INPUTS}/parquet/data.parquet",
+                                    "recompute=full", "vision=frozen_with_projector"],
+    "tiny_hf_packed": ["model=tiny", "data=hf", f"data.path={INPUTS}/hf", "data.packing=2048",
+                       "train.micro_batch_size=1"],
+    "tiny_energon": ["model=tiny", "data=energon", f"data.path={INPUTS}/energon"],
+    "30b_l4_realistic_fp8_3d": ["model=qwen3_vl_30b_a3b", "model.num_layers=4", "data=realistic", "precision=fp8",
+                                "parallelism=3d", "gpus_per_node=2"],
+    "35b_l4_mock_b200_mxfp8": ["model=qwen35_vl_35b_a3b", "model.num_layers=4", "data=mock", "hardware=b200",
+                               "precision=mxfp8", "dispatcher=deepep", "gpus_per_node=8"],
+    "235b_l2_gb200_nvfp4_hybridep": ["model=qwen3_vl_235b_a22b", "model.num_layers=2", "hardware=gb200",
+                                     "precision=nvfp4", "dispatcher=hybridep", "cuda_graph=attn_moe_router_preprocess",
+                                     "nodes=2", "data=mock"],
+    "experiment_perf_h200_best": ["experiment=perf_h200_best"],
+    "experiment_perf_h200x2_best": ["experiment=perf_h200x2_best"],
+    "experiment_fsdp_first_gb200": ["experiment=fsdp_first_gb200"],
+    "experiment_3d_gb200": ["experiment=3d_gb200"],
+    "experiment_tune_h1": ["experiment=tune_h1"],
+}
+EXPORTS = {"jsonl": "jsonl", "parquet": "parquet", "hf": "hf", "energon": "energon"}
+
+
+def export_inputs(inputs: Path) -> None:
+    """The shipped sample photos in each file format a case reads (vlmtrain data export)."""
+    for fmt, folder in EXPORTS.items():
+        if not (inputs / folder).exists():
+            subprocess.run([sys.executable, "-m", "vlmtrain.cli", "data", "export", "--format", fmt, "--out",
+                            str(inputs / folder)], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+
+
+def normalized(text: str, run_dir: Path, checkout: Path) -> str:
+    return text.replace(str(run_dir), "<run_dir>").replace(str(checkout), "<checkout>")
+
+
+def write(out: Path, only: list[str] | None = None, checkout: Path = ROOT) -> int:
+    out.mkdir(parents=True, exist_ok=True)
+    inputs = out / "inputs"
+    export_inputs(inputs)
+    failed = []
+    for name, overrides in CASES.items():
+        if only and name not in only:
+            continue
+        run_dir = out / "runs" / name
+        args = [o.replace(INPUTS, str(inputs)) for o in overrides]
+        env = dict(os.environ, PYTHONPATH=str(checkout / "src"))
+        proc = subprocess.run([sys.executable, str(checkout / TRAIN_PY.name), *args, "dry_run=true",
+                               "wandb.enabled=false", f"hydra.run.dir={run_dir}"], cwd=checkout, env=env,
+                              capture_output=True, text=True)
+        yaml = run_dir / "bridge_config.yaml"
+        if proc.returncode != 0 or not yaml.is_file():
+            failed.append(name)
+            print(f"[config-bytes] {name}: exit {proc.returncode}\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+            continue
+        (out / f"{name}.yaml").write_text(normalized(yaml.read_text(), run_dir, checkout))
+        print(f"[config-bytes] {name}: {len(yaml.read_bytes())} bytes", flush=True)
+    return 1 if failed else 0
+
+
+def compare(before: Path, after: Path) -> int:
+    differ = []
+    for name in CASES:
+        a, b = before / f"{name}.yaml", after / f"{name}.yaml"
+        same = a.is_file() and b.is_file() and a.read_bytes() == b.read_bytes()
+        print(f"[config-bytes] {name}: {'identical' if same else 'DIFFERENT or missing'}")
+        differ += [] if same else [name]
+    return 1 if differ else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+    w = sub.add_parser("write")
+    w.add_argument("out", type=Path)
+    w.add_argument("--only", nargs="*", choices=list(CASES))
+    w.add_argument("--checkout", type=Path, default=ROOT, help="the checkout whose train.py runs (default: this one)")
+    c = sub.add_parser("compare")
+    c.add_argument("before", type=Path)
+    c.add_argument("after", type=Path)
+    args = ap.parse_args(argv)
+    if args.command == "compare":
+        return compare(args.before, args.after)
+    return write(args.out, args.only, args.checkout.resolve())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

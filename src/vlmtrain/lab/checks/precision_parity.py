@@ -1,0 +1,162 @@
+"""FP8 recipes vs BF16 on one H200: loss parity over 100+ steps, then speed and peak memory at equal useful work.
+
+    python -m vlmtrain.lab.checks.precision_parity parity [--only NAME ...]          # one 100-step run per recipe
+    python -m vlmtrain.lab.checks.precision_parity speed --repeats 2 [--only NAME ...]  # more short runs (appended)
+    python -m vlmtrain.lab.checks.precision_parity summarize                          # medians, ratios, parity -> rows
+
+Every run is `python train.py` on the 30B-A3B layer shapes at 4 decoder layers, real images (data=realistic),
+MBS 1, GBS 1, the same seed and data order for every recipe, one run after another. Run dirs go under
+outputs/precision/<lease>/<mode>/<recipe>-<i> (case.json: rc, command, the GPU machine and the lease: the machine's
+boot id, one per lent machine); `summarize` (on any machine) appends to results/precision_h200.jsonl one row per
+run and one summary row per recipe and lease: the median of its speed runs' steady step_s / useful tokens/s with
+the min-max spread, the speed ratio against BF16's median on the same lease and samples, the peak memory of all
+its runs, and the loss parity
+of its 100-step run against BF16's: the largest absolute difference of the two loss curves after a centred moving
+average (PARITY_WINDOW).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from vlmtrain.lab import repeats, store
+from vlmtrain.lab.runner import ROOT
+from vlmtrain.observe import run_summary
+
+OUT = ROOT / "outputs" / "precision"
+BASE = ["model=qwen3_vl_30b_a3b", "model.num_layers=4", "data=realistic", "train.micro_batch_size=1",
+        "train.global_batch_size=1", "gpus_per_node=1", "wandb.enabled=false"]
+RECIPES = {"bf16": ["precision=bf16"], "fp8-tensorwise": ["precision=fp8"],
+           "fp8-blockwise": ["precision=fp8", "precision.scaling=blockwise"],
+           "fp8-delayed": ["precision=fp8", "precision.scaling=delayed"]}
+STEPS = {"parity": 100, "speed": 10}
+PARITY_WINDOW = 10
+"""Steps in the moving average the loss curves are compared after (single-sample steps are noisy)."""
+PARITY_TOLERANCE_NATS = 0.05
+"""The largest smoothed-loss difference accepted as parity, fixed before the first run: about 1 % of the loss
+(~4.5 nats) these runs reach at step 100."""
+
+
+def next_index(mode: str, recipe: str) -> int:
+    """The first unused run number of this lease, so that repeats split over several calls add runs."""
+    return sum(1 for _ in (OUT / store.lease() / mode).glob(f"{recipe}-*/case.json"))
+
+
+def run_case(mode: str, recipe: str) -> dict[str, object]:
+    i = next_index(mode, recipe)
+    run_dir = OUT / store.lease() / mode / f"{recipe}-{i}"
+    overrides = [*BASE, *RECIPES[recipe], f"train.iterations={STEPS[mode]}"]
+    cmd = [sys.executable, str(ROOT / "train.py"), *overrides, f"hydra.run.dir={run_dir}"]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    with (run_dir / "train.log").open("wb") as log:
+        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1")).returncode
+    meta = {"mode": mode, "recipe": recipe, "i": i, "rc": rc, "wall_s": round(time.time() - t0, 1),
+            "command": "python train.py " + " ".join(overrides), "machine": store.machine(), "lease": store.lease()}
+    (run_dir / "case.json").write_text(json.dumps(meta))
+    print(f"[precision] {mode} {recipe} #{i}: rc {rc}, {meta['wall_s']} s", flush=True)
+    return meta
+
+
+def smoothed(losses: list[float], window: int = PARITY_WINDOW) -> list[float]:
+    half = window // 2
+    return [statistics.fmean(losses[max(0, i - half):i + half + 1]) for i in range(len(losses))]
+
+
+def parity(a: list[float], b: list[float]) -> float:
+    n = min(len(a), len(b))
+    return max(abs(x - y) for x, y in zip(smoothed(a[:n]), smoothed(b[:n]), strict=True))
+
+
+FIRST_LEASE = "lease-1"
+"""The lease of the runs made before case.json recorded one (all on one lease of 2026-12-01)."""
+
+
+def row_name(name: str, where: str) -> str:
+    """A results row's name: the first lease's rows keep the names they were first written under."""
+    return name if where == FIRST_LEASE else f"{name}_{where}"
+
+
+def summarize(path: Path, commit: str, leases: list[str] | None = None, run_rows: bool = True) -> None:
+    """Rows for the runs (unless not `run_rows`) and the per-recipe summaries of `leases` (default all). Speed
+    comes from the speed runs only: the data order follows train.iterations, so a 100-step parity run trains on
+    other samples in its first steps than a 10-step run, and equal useful work means equal iterations. The BF16
+    loss curve for parity is read from any lease (the loss does not depend on the machine)."""
+    runs: dict[tuple[str, str], list[tuple[dict, dict, list[float]]]] = {}
+    for case in sorted(OUT.glob("**/case.json")):
+        meta = json.loads(case.read_text())
+        meta.setdefault("lease", FIRST_LEASE)
+        rows = run_summary.read_jsonl(case.parent / "metrics.jsonl") if (case.parent / "metrics.jsonl").exists() else []
+        # steady_nonpad_tokens: the counted steps' real tokens, equal for two runs only if they saw the same samples
+        summary = {**run_summary.summarize_rows(rows), "steady_nonpad_tokens": sum(r.get("nonpad_tokens", 0)
+                   for r in run_summary.steady(rows))} if rows else {}
+        losses = [r["lm_loss"] for r in rows if isinstance(r.get("lm_loss"), int | float)]
+        runs.setdefault((meta["lease"], meta["recipe"]), []).append((meta, summary, losses))
+        if run_rows and (not leases or meta["lease"] in leases):
+            store.append(path, row_name(f"30b-shape-l4_{meta['recipe']}_{meta['mode']}-{meta['i']}", meta["lease"]),
+                           meta["command"], {"rc": meta["rc"], **summary}, commit=commit, wall_s=meta["wall_s"],
+                           machine=meta["machine"], lease=meta["lease"])
+    # a run stopped before its last step (rc != 0) still counts with the steps it made; the row says so
+    ok = {k: [(m, s, losses) for m, s, losses in v if s.get("steps", 0) > run_summary.SKIP] for k, v in runs.items()}
+    base_loss = next((losses for (_, r), v in ok.items() if r == "bf16" for m, _, losses in v
+                      if m["mode"] == "parity"), None)
+    for (where, recipe), done in ok.items():
+        if leases and where not in leases:
+            continue
+        metrics = {"peak_mem_gib": max(s["peak_mem_gib"] for _, s, _ in done)}
+        metrics |= speed([s for m, s, _ in done if m["mode"] == "speed"],
+                         [s for m, s, _ in ok.get((where, "bf16"), []) if m["mode"] == "speed"])
+        mine = next((losses for m, _, losses in done if m["mode"] == "parity"), None)
+        if base_loss and mine and recipe != "bf16":
+            metrics.update(loss_parity_max_abs_diff_nats=parity(base_loss, mine), parity_steps=min(len(base_loss),
+                           len(mine)), parity_window=PARITY_WINDOW, parity_tolerance_nats=PARITY_TOLERANCE_NATS)
+        store.append(path, row_name(f"30b-shape-l4_{recipe}_summary", where),
+                       "python -m vlmtrain.lab.checks.precision_parity summarize", metrics, commit=commit,
+                       recipe=recipe,
+                       machine=done[0][0]["machine"], lease=where)
+        print(f"[precision] {recipe} ({where}): {json.dumps(metrics)}", flush=True)
+
+
+def speed(timed: list[dict], bf16: list[dict]) -> dict[str, object]:
+    """Median and min-max of the speed runs, and the ratio to BF16's median on the same lease and samples."""
+    if not timed:
+        return {}
+    out: dict[str, object] = {
+        "speed_runs": len(timed),
+        **repeats.spread([s["useful_tokens_per_s_per_gpu"] for s in timed], "useful_tokens_per_s_per_gpu"),
+        **repeats.spread([s["step_s"] for s in timed], "step_s"),
+        "mfu": statistics.median(s["mfu"] for s in timed),
+        "mfu_precision_peak": statistics.median(s["mfu_precision_peak"] for s in timed)}
+    if bf16 and {s["steady_nonpad_tokens"] for s in timed} == {s["steady_nonpad_tokens"] for s in bf16}:
+        out["speed_ratio_vs_bf16"] = out["useful_tokens_per_s_per_gpu"] / statistics.median(
+            s["useful_tokens_per_s_per_gpu"] for s in bf16)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("mode", choices=["parity", "speed", "summarize"])
+    ap.add_argument("--only", nargs="*", default=list(RECIPES))
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--lease", nargs="*", help="summarize: write rows for these leases only")
+    ap.add_argument("--summaries-only", action="store_true", help="summarize: no per-run rows")
+    ap.add_argument("--results", type=Path, default=ROOT / "results" / "precision_h200.jsonl")
+    ap.add_argument("--commit", default=os.environ.get("VLMTRAIN_COMMIT", "unknown"))
+    args = ap.parse_args(argv)
+    if args.mode == "summarize":
+        summarize(args.results, args.commit, args.lease, run_rows=not args.summaries_only)
+        return 0
+    metas = [run_case(args.mode, r) for _ in range(args.repeats) for r in args.only]
+    return int(any(m["rc"] for m in metas))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""The GPU reliability checks (issue 25, items 2, 4 and 5): each runs a real tiny `python train.py` on one GPU and
+returns (passed, metrics) from what the run wrote. vlmtrain.lab.checks.reliability_check runs them all and appends a row
+per check to results/reliability.jsonl; tests/gpu/test_reliability.py asserts the same checks.
+
+- secrets: planted env secrets (WANDB_API_KEY, HF_TOKEN, HUGGING_FACE_HUB_TOKEN) and `+bridge.logger.*` overrides
+  holding them, 4 steps with a checkpoint every 2; every file of the run dir and the checkpoint dir (Bridge's
+  iter_*/run_config.yaml included) and the run's output are searched for each secret.
+- nonfinite_stop: `+bridge.model.init_method_std=1e20` makes the first forward overflow BF16, so the loss is NaN at
+  step 0 (a way to a real NaN, not yet seen on a GPU: if the loss stays finite the check fails saying so); the
+  run must stop with exit status 4 and a record naming step 0, its sample ids and "none" (no checkpoint yet).
+- nonfinite_stop_at_step_end: the same with train.on_nonfinite=stop_at_step_end (Megatron's checks off, the step's
+  loss and grad norm checked at its end): the same status and record.
+- nonfinite_skip: the same with train.on_nonfinite=skip: the run ends normally and metrics.jsonl counts every
+  step as skipped.
+- oom: MBS 256 at seq 4096 (the logits alone need ~1 TB; preflight.ignore=[memory_fits]) must stop (status 5) with a
+  record naming the component (the logits are the decoder's) and the estimate's suggested overrides.
+- kill_ckpt_3d, kill_ckpt_3d_async, kill_ckpt_fsdp (item 2): SIGKILL while a checkpoint is being written (torch_dist
+  sync and async save, fsdp_dtensor sync); the previous checkpoint stays the one Bridge loads and the relaunch
+  resumes from it with the uninterrupted run's losses (vlmtrain.lab.checks.kill_checkpoint).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from vlmtrain.lab.checks.kill_checkpoint import MODES, kill_mid_checkpoint
+from vlmtrain.lab.checks.resume import ROOT, command
+from vlmtrain.observe import failure, run_summary, timing
+
+TINY = ["model=tiny", "gpus_per_node=1", "dry_run=false", "train.global_batch_size=2", "train.micro_batch_size=1"]
+SECRETS = {"WANDB_API_KEY": "wandb-gpu-planted-7d6c5b4a", "HF_TOKEN": "hf_gpuPlantedToken3e2d1c",
+           "HUGGING_FACE_HUB_TOKEN": "hfhub-gpu-planted-9f8e7d"}
+SECRET_OVERRIDES = ["+bridge.logger.wandb_exp_name=exp-${oc.env:HF_TOKEN}",
+                    "+bridge.logger.wandb_entity=" + SECRETS["HUGGING_FACE_HUB_TOKEN"]]
+NAN_INIT = "+bridge.model.init_method_std=1e20"
+
+
+def train(run_dir: Path, overrides: list[str], env: dict[str, str] | None = None) -> tuple[int, str]:
+    """`python train.py <overrides>` into run_dir; (exit status, its output)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, str(ROOT / "train.py"), *overrides, f"hydra.run.dir={run_dir}"]
+    proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
+                          capture_output=True, text=True)
+    (run_dir / "console.txt").write_text(proc.stdout + proc.stderr)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def secrets(out: Path) -> tuple[bool, dict[str, Any], str]:
+    ckpt = out / "secrets_ckpt"
+    overrides = [*TINY, "train.iterations=4", "train.save_interval=2", f"train.checkpoint_dir={ckpt}",
+                 "wandb.mode=offline", *SECRET_OVERRIDES]
+    rc, output = train(out / "secrets", overrides, SECRETS)
+    files = [p for root in (out / "secrets", ckpt) for p in root.rglob("*") if p.is_file()]
+    hits = {name: [str(p) for p in files if v.encode() in p.read_bytes()] + (["output"] if v in output else [])
+            for name, v in SECRETS.items()}
+    configs = sorted(ckpt.glob("iter_*/run_config.yaml"))
+    redacted = bool(configs) and all("<redacted>" in p.read_text() for p in configs)
+    metrics = {"rc": rc, "files_searched": len(files), "checkpoint_run_configs": len(configs),
+               "checkpoint_configs_redacted": redacted, "leaks": {k: v for k, v in hits.items() if v}}
+    return rc == 0 and redacted and not metrics["leaks"], metrics, command(overrides)
+
+
+def nonfinite_stop(out: Path, mode: str = "stop") -> tuple[bool, dict[str, Any], str]:
+    overrides = [*TINY, "train.iterations=3", "wandb.enabled=false", NAN_INIT, f"train.on_nonfinite={mode}"]
+    run_dir = out / ("nonfinite_stop" if mode == "stop" else f"nonfinite_{mode}")
+    rc, output = train(run_dir, overrides)
+    recs = failure.read(run_dir)
+    rec = recs[0] if recs else {}
+    ids = [i for mb in rec.get("micro_batches", []) for i in mb]
+    metrics = {"rc": rc, "records": len(recs), "kind": rec.get("kind"), "step": rec.get("step"),
+               "sample_ids": rec.get("micro_batches"), "last_checkpoint": rec.get("last_checkpoint"),
+               "paragraph_in_log": "STOPPED: non-finite" in output, "error": rec.get("error", output[-500:])}
+    ok = (rc == failure.EXIT["nonfinite"] and rec.get("kind") == "nonfinite" and rec.get("step") == 0 and bool(ids)
+          and all(isinstance(i, int) for i in ids) and rec.get("last_checkpoint") == "none"
+          and metrics["paragraph_in_log"])
+    return ok, metrics, command(overrides)
+
+
+def nonfinite_skip(out: Path) -> tuple[bool, dict[str, Any], str]:
+    overrides = [*TINY, "train.iterations=3", "wandb.enabled=false", NAN_INIT, "train.on_nonfinite=skip"]
+    rc, _ = train(out / "nonfinite_skip", overrides)
+    rows = run_summary.read_jsonl(out / "nonfinite_skip" / "metrics.jsonl")
+    skipped = [r.get("skipped_steps") for r in rows]
+    metrics = {"rc": rc, "steps": len(rows), "skipped_steps": skipped,
+               "records": len(failure.read(out / "nonfinite_skip"))}
+    return rc == 0 and len(rows) == 3 and skipped == [1, 2, 3], metrics, command(overrides)
+
+
+def oom(out: Path) -> tuple[bool, dict[str, Any], str]:
+    overrides = [*TINY, "train.micro_batch_size=256", "train.global_batch_size=256", "train.iterations=2",
+                 "data.pad_to_max_length=true", "wandb.enabled=false", "preflight.ignore=[memory_fits]"]
+    rc, output = train(out / "oom", overrides)
+    recs = failure.read(out / "oom")
+    rec = recs[0] if recs else {}
+    metrics = {"rc": rc, "records": len(recs), "kind": rec.get("kind"), "component": rec.get("component"),
+               "step": rec.get("step"), "advice": rec.get("advice"),
+               "paragraph_in_log": "STOPPED: out of memory" in output}
+    components = (*timing.COMPONENTS, timing.OTHER)
+    ok = rc == failure.EXIT["oom"] and rec.get("kind") == "oom" and rec.get("component") in components
+    return ok and "train.micro_batch_size" in (rec.get("advice") or ""), metrics, command(overrides)
+
+
+CHECKS: dict[str, Callable[[Path], tuple[bool, dict[str, Any], str]]] = {
+    "secrets": secrets, "nonfinite_stop": nonfinite_stop,
+    "nonfinite_stop_at_step_end": partial(nonfinite_stop, mode="stop_at_step_end"), "nonfinite_skip": nonfinite_skip,
+    "oom": oom,
+    **{f"kill_ckpt_{mode}": partial(kill_mid_checkpoint, mode=mode) for mode in MODES}}

@@ -1,0 +1,273 @@
+"""Issue 25 item 1: a real training job through `python train.py -m hydra/launcher=slurm` on a real Slurm with the
+real GPU as gres (scripts/device/slurm_start.sh), preempted mid-run and resumed. vlmtrain.lab.checks.slurm_preempt_check
+runs it and appends the row to results/reliability.jsonl; tests/gpu/test_slurm_preempt_gpu.py asserts the same.
+
+- reference: the same training uninterrupted, run directly (`python train.py`, no checkpoints): cheaper than a
+  second Slurm job, and the losses do not depend on the launcher.
+- preempt: the job is submitted through submitit; once it has logged `signal_after` steps the check sends
+  `scancel --signal=USR2` (what Slurm sends `signal_delay_s` before a time limit, and what submitit's own
+  job._interrupt() sends). vlmtrain relays it to Bridge as SIGTERM (launch/slurm.py), Bridge saves a checkpoint
+  after the step and exits, submitit requeues the same job id, and the second attempt resumes in the same run dir
+  from that checkpoint. Checked: one checkpoint, at the step the signal caught (Bridge's checkpoint.save_interval
+  is 0, so no interval or final save can have made it); the rank record's attempts (same job id, restart count 1,
+  the signal); Slurm's Restarts=1 and COMPLETED; Bridge's load message in the requeued attempt's log; every step
+  logged exactly once; losses within resume.TOLERANCE of the reference at every step.
+
+A 30B-A3B checkpoint holds the BF16 weights and Adam's FP32 state (master weights, two moments): about
+params + optimizer of the memory estimate, ~48 GiB at 4 layers. The check refuses a checkpoint dir without
+that much free space (plus a margin) before any GPU work, naming the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vlmtrain.lab.checks.resume import TOLERANCE, losses, max_loss_diff, tracker
+from vlmtrain.lab.runner import ROOT
+from vlmtrain.observe import run_summary
+
+GIB = 1024**3
+DISK_MARGIN_GIB = 4.0  # torch_dist metadata, the common state, the run dir
+SAMPLES = ("train.micro_batch_size=1", "train.global_batch_size=2")  # 2 micro-batches a step: short steps
+
+
+@dataclass(frozen=True)
+class Case:
+    """One model size of the check: its overrides and how many steps run before the signal and in all."""
+
+    name: str
+    model: tuple[str, ...]
+    iterations: int
+    signal_after: int
+
+
+CASES = {
+    "30b": Case("qwen3_vl_30b_a3b_l4", ("model=qwen3_vl_30b_a3b", "model.num_layers=4", "data=realistic"), 8, 3),
+    # tiny steps take a fraction of a second: 56 steps after the signal so that it lands mid-run
+    "tiny": Case("tiny", ("model=tiny",), 60, 4),
+}
+
+
+def with_layers(case: Case, layers: int) -> Case:
+    """The case with `layers` decoder layers (the 30B-A3B shape's depth, for a disk that cannot hold 4 layers')."""
+    model = tuple(o for o in case.model if not o.startswith("model.num_layers="))
+    return Case(f"{case.name.rsplit('_l', 1)[0]}_l{layers}", (*model, f"model.num_layers={layers}"), case.iterations,
+                case.signal_after)
+
+
+def overrides(case: Case, ckpt: Path | None) -> list[str]:
+    """The training both runs share; with `ckpt`, checkpoints go there and only the exit signal saves one."""
+    save = [] if ckpt is None else [
+        "train.save_interval=1000000", f"train.checkpoint_dir={ckpt}",
+        # Bridge's 0: no interval save and no save at the end (train.py: `save_interval != 0`); the signal's stays
+        "+bridge.checkpoint.save_interval=0"]
+    return [*case.model, *SAMPLES, f"train.iterations={case.iterations}", "gpus_per_node=1", "dry_run=false",
+            "wandb.enabled=false", *save]
+
+
+def launcher(sweep: Path) -> list[str]:
+    """hydra/launcher=slurm on the one-node Slurm slurm_start.sh brings up (partition debug, no time pressure:
+    the check sends the signal itself)."""
+    return ["hydra/launcher=slurm", "hydra.launcher.partition=debug", "hydra.launcher.cpus_per_task=8",
+            "hydra.launcher.timeout_min=30", f"hydra.sweep.dir={sweep}"]
+
+
+def checkpoint_gib(case: Case) -> float:
+    """What one checkpoint of the case holds: BF16 weights + Adam's FP32 state (the memory estimate's params and
+    optimizer, world size 1)."""
+    from vlmtrain.check.memory.estimate import estimate
+    from vlmtrain.config.compose import compose
+
+    b = estimate(compose(overrides(case, None)))
+    return b.params + b.optimizer
+
+
+def disk_problem(case: Case, ckpt: Path, need_gib: float, free_gib: float) -> str | None:
+    """Why the checkpoint cannot go to `ckpt` (None: it fits, with DISK_MARGIN_GIB to spare)."""
+    if free_gib >= need_gib + DISK_MARGIN_GIB:
+        return None
+    return (f"a checkpoint of {case.name} needs ~{need_gib + DISK_MARGIN_GIB:.1f} GiB, {ckpt} has {free_gib:.1f} "
+            "GiB free: pass --ckpt <a dir on a larger filesystem>, or fewer decoder layers (--layers N)")
+
+
+def check_disk(case: Case, ckpt: Path) -> dict[str, float]:
+    """Free space where the checkpoint goes against its size; refuses (before any GPU work) when it cannot fit."""
+    ckpt.mkdir(parents=True, exist_ok=True)
+    need, free = checkpoint_gib(case), shutil.disk_usage(ckpt).free / GIB
+    if problem := disk_problem(case, ckpt, need, free):
+        raise SystemExit(problem)
+    return {"checkpoint_estimate_gib": round(need, 1), "disk_free_gib": round(free, 1)}
+
+
+def _sh(*cmd: str) -> str:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    except OSError as e:
+        return str(e)
+    return out.stdout + out.stderr
+
+
+def slurm_problem() -> str | None:
+    """Why the local Slurm cannot take the job (None: it can): its commands, an idle node, a GPU as gres."""
+    if shutil.which("sbatch") is None:
+        return ("no Slurm commands on PATH: bash scripts/device/slurm_start.sh, then "
+                "export PATH=/tmp/slurm-root/bin:$PATH")
+    state = _sh("sinfo", "-h", "-n", "localhost", "-o", "%T").strip()
+    if state != "idle":
+        return f"Slurm node localhost is {state or 'absent'!r}, not idle (bash scripts/device/slurm_start.sh)"
+    gres = _sh("sinfo", "-h", "-n", "localhost", "-o", "%G").strip()
+    if not re.search(r"gpu:[1-9]", gres):
+        return f"the Slurm node has no GPU gres ({gres!r}): start it with GPUS=1"
+    return None
+
+
+def slurm_version() -> str:
+    return _sh("scontrol", "--version").strip()
+
+
+def diagnostics(sweep: Path, job_id: str | None) -> str:
+    """What Slurm and the job's logs say: printed on every failure (no interactive debugging on the GPU machine)."""
+    parts = [_sh("sinfo", "-N", "-l"), _sh("squeue", "-a")]
+    if job_id:
+        parts.append(_sh("scontrol", "show", "job", job_id))
+    for log in sorted((sweep / ".submitit").glob("*/*_log.*")) + sorted(Path("/var/log/slurm").glob("*.log")):
+        parts.append(f"---- tail {log}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-40:]))
+    return "\n".join(parts)
+
+
+def _env() -> dict[str, str]:
+    """This checkout's src first on PYTHONPATH (absolute: the Slurm job inherits it and starts elsewhere)."""
+    return {**os.environ, "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH")) if p)}
+
+
+def run_reference(case: Case, out: Path, timeout_s: float) -> tuple[int, Path]:
+    """The uninterrupted run, directly (torchrun on the local GPU), no checkpoints."""
+    run_dir = out / "reference"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    cmd = [sys.executable, str(ROOT / "train.py"), *overrides(case, None), f"hydra.run.dir={run_dir}"]
+    with (run_dir / "console.txt").open("w") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:  # SIGKILL all of it: a surviving rank would hold the GPU
+            os.killpg(proc.pid, signal.SIGKILL)
+            _kill_naming(run_dir)  # torchrun starts the ranks in sessions of their own
+            rc = proc.wait()
+    return rc, run_dir
+
+
+def _kill_naming(run_dir: Path) -> None:
+    """SIGKILL every process whose command line names run_dir (only this run's processes do)."""
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if str(run_dir).encode() in cmdline.read_bytes():
+                os.kill(int(cmdline.parent.name), signal.SIGKILL)
+        except (OSError, ValueError):
+            pass
+
+
+def _rank0(sweep: Path) -> dict[str, Any] | None:
+    found = list(sweep.glob("0_*/rank0.json"))
+    return json.loads(found[0].read_text()) if found else None
+
+
+def run_preempted(case: Case, out: Path, ckpt: Path, timeout_s: float) -> dict[str, Any]:
+    """Submit through submitit, USR2 once `signal_after` steps are logged, wait for the requeued attempt."""
+    sweep = out / "slurm"
+    shutil.rmtree(sweep, ignore_errors=True)
+    shutil.rmtree(ckpt, ignore_errors=True)
+    cmd = [sys.executable, str(ROOT / "train.py"), "-m", *launcher(sweep), *overrides(case, ckpt)]
+    sweep.mkdir(parents=True)
+    log = (out / "launcher.txt").open("w")
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=_env())
+    deadline, job_id, sent = time.monotonic() + timeout_s, None, None
+    try:
+        while proc.poll() is None and time.monotonic() < deadline:
+            rec = _rank0(sweep)
+            job_id = job_id or (rec or {}).get("slurm", {}).get("job_id")
+            steps = losses(next(sweep.glob("0_*"))) if rec else {}
+            if job_id and sent is None and len(steps) >= case.signal_after:
+                sent = {"after_steps_logged": len(steps), "at": time.strftime("%H:%M:%S"),
+                        "scancel": _sh("scancel", "--signal=USR2", job_id).strip()}
+            time.sleep(0.5)
+        rc = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        rc = None
+        if job_id:
+            _sh("scancel", job_id)
+    log.close()
+    job = scontrol_job(job_id, wait_s=60 if rc is not None else 5) if job_id else {}
+    return {"rc": rc, "job_id": job_id, "sent": sent, "sweep": sweep, "job": job}
+
+
+def scontrol_job(job_id: str, wait_s: float = 60) -> dict[str, str]:
+    """`scontrol show job -o` as {key: value} once the job has ended (the launcher returns on submitit's result
+    file, while the task may still be exiting); Slurm keeps an ended job MinJobAge=300 s, no accounting needed."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        job = dict(kv.split("=", 1) for kv in _sh("scontrol", "show", "job", "-o", job_id).split() if "=" in kv)
+        if job.get("JobState") not in ("RUNNING", "COMPLETING", "PENDING") or time.monotonic() > deadline:
+            return job
+        time.sleep(1)
+
+
+def evaluate(case: Case, reference: Path, slurm: dict[str, Any], ckpt: Path) -> tuple[bool, dict[str, Any]]:
+    """Every check of the module docstring, from what the runs wrote and what Slurm said about the job
+    (`slurm`: run_preempted's result); (passed, metrics)."""
+    sweep: Path = slurm["sweep"]
+    run_dirs = list(sweep.glob("0_*"))
+    run_dir = run_dirs[0] if run_dirs else sweep / "missing"
+    rec = _rank0(sweep) or {}
+    first = (rec.get("previous") or [{}])[0]
+    job = slurm["job"]
+    iters = sorted(int(p.name.split("_")[1]) for p in ckpt.glob("iter_*"))
+    saved = tracker(ckpt)
+    logs = "".join(p.read_text(errors="replace") for p in sorted((sweep / ".submitit").glob("*/*_log.*")))
+    loaded = re.findall(r"successfully loaded checkpoint from (\S+) .*?at iteration (\d+)", logs)
+    rows = [r["step"] for r in run_summary.read_jsonl(run_dir / "metrics.jsonl") if "lm_loss" in r]
+    ref, got = losses(reference), losses(run_dir)
+    cut = saved if saved is not None else len(rows) + 1  # no checkpoint: nothing counts as resumed
+    after = sorted(s for s in got if s >= cut)
+
+    m: dict[str, Any] = {
+        "job_id": slurm["job_id"], "launcher_rc": slurm["rc"], "signal_sent": slurm["sent"],
+        "signal_recorded": first.get("signal"), "restart_count": rec.get("slurm", {}).get("restart_count"),
+        "same_job_id": bool(first) and first.get("slurm", {}).get("job_id") == slurm["job_id"],
+        "slurm_state": job.get("JobState"), "slurm_restarts": job.get("Restarts"),
+        "checkpoints": iters, "checkpoint_step": saved,
+        "bridge_exit_on_signal": "exiting program after receiving SIGTERM" in logs,
+        "requeued_by_submitit": "Requeued job" in logs,
+        "loaded": [{"dir": d, "iteration": int(i)} for d, i in loaded],
+        "steps_logged": len(rows), "steps_logged_twice": sorted({s for s in rows if rows.count(s) > 1}),
+        "first_step_after_resume": min(after, default=None),
+        "max_abs_loss_diff_before_signal": max_loss_diff(ref, got, [s for s in got if s < cut]),
+        "max_abs_loss_diff_after_resume": max_loss_diff(ref, got, after), "tolerance": TOLERANCE,
+    }
+    ok = (slurm["rc"] == 0 and m["signal_sent"] is not None and (m["signal_recorded"] or {}).get("name") == "SIGUSR2"
+          and m["restart_count"] == "1" and m["same_job_id"] and m["slurm_state"] == "COMPLETED"
+          and m["slurm_restarts"] == "1" and saved is not None and iters == [saved]
+          and case.signal_after <= saved < case.iterations and m["bridge_exit_on_signal"] and m["requeued_by_submitit"]
+          and m["loaded"] == [{"dir": str(ckpt), "iteration": saved}]
+          and sorted(rows) == list(range(case.iterations)) and set(ref) == set(range(case.iterations))
+          and m["first_step_after_resume"] == saved
+          and m["max_abs_loss_diff_before_signal"] <= TOLERANCE and m["max_abs_loss_diff_after_resume"] <= TOLERANCE)
+    m["losses_reference"], m["losses_slurm"] = ref, got
+    return ok, m
+
+
+def command(case: Case, ckpt: Path) -> str:
+    return "python train.py -m " + " ".join([*launcher(Path("<out>/slurm")), *overrides(case, ckpt)])

@@ -1,0 +1,67 @@
+"""Where one steady training step's GPU time goes in a case of a sweep spec (conf/tune/): the case with
+`train.profile_step` (Bridge's PyTorch profiler on that step, rank 0, call stacks), summarized by
+vlmtrain.report.profile, one row in results/profile_<spec without perf_>.jsonl (perf_h200x2 -> profile_h200x2).
+
+    python -m vlmtrain.lab.profile_step [--spec perf_h200x2] [--case NAME] [--step 5] [--extra OVERRIDE ...]
+    vlmtrain profile <run dir or trace>      # the summary alone, of any run started with train.profile_step=N
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from vlmtrain.lab import cases as run_cases
+from vlmtrain.lab import spec, store, sweep
+from vlmtrain.lab.cases import ROOT, Case
+from vlmtrain.observe import run_summary
+from vlmtrain.report import profile
+
+
+def profile_case(case: Case, step: int) -> Case:
+    """The case plus `train.profile_step` (two more iterations, so the profiled one is not the last)."""
+    kept = [o for o in case.overrides if not o.startswith("train.iterations=")]
+    extra = [f"train.iterations={step + 2}", f"train.profile_step={step}"]
+    return Case(f"profile_{case.name}", case.gpus, [*kept, *extra])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--spec", default="perf_h200x2", help="the sweep spec the case comes from (conf/tune/<spec>.yaml)")
+    ap.add_argument("--case", default=None, help="a case name of the spec (any sweep); default: its `best` entry, "
+                    "else its first case")
+    ap.add_argument("--step", type=int, default=5, help="the profiled iteration (after warm-up)")
+    ap.add_argument("--extra", nargs="*", default=[], help="overrides added to the case (e.g. what a fix changes)")
+    ap.add_argument("--results", type=Path, default=None, help="default results/profile_<spec without perf_>.jsonl")
+    ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "profile")
+    args = ap.parse_args(argv)
+    perf = spec.load(args.spec)
+    expanded = perf.expand(["all"])
+    cases = {c.name: sweep.as_run_case(perf, c, int(perf.get("iterations"))) for c in expanded}
+    args.case = args.case or (perf.case(perf.get("best")) if perf.get("best") else expanded[0]).name
+    args.results = args.results or ROOT / "results" / f"profile_{args.spec.removeprefix('perf_')}.jsonl"
+    if args.case not in cases:
+        raise SystemExit(f"unknown case {args.case!r}; see vlmtrain sweep {args.spec} --sweep all --list")
+    base = cases[args.case]
+    case = profile_case(Case(base.name, base.gpus, [*base.overrides, *args.extra]), args.step)
+    t0 = time.time()
+    ((_, rc, run_dir, _),) = run_cases.run_batch([case], args.out, base.gpus)
+    if rc != 0:
+        print(f"[profile] {case.name} failed rc={rc}; see {run_dir / 'train.log'}", flush=True)
+        return rc
+    s = profile.summarize(run_dir)
+    print(profile.render(s), flush=True)
+    metrics = {k: s[k] for k in ("window_ms", "gpu_busy_ms", "gpu_busy_fraction", "idle_gaps_ms")}
+    metrics.update({f"kernel_ms_{k.replace('/', '_')}": v for k, v in s["kernel_ms_by_family"].items()})
+    # the run's median step; its rates are left out: the profiled step includes writing the trace
+    metrics.update({k: v for k, v in run_summary.summarize(run_dir).items() if k in ("step_s", "peak_mem_gib")})
+    store.append(args.results, case.name, "python -m vlmtrain.lab.profile_step " + " ".join(argv or sys.argv[1:]),
+                   metrics, config=run_cases.overrides(case), wall_s=round(time.time() - t0, 1),
+                   **{k: s[k] for k in ("top_kernels_ms", "kernel_ms_by_python_site", "idle_ms_by_python_site")})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

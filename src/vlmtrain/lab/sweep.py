@@ -1,0 +1,189 @@
+"""`vlmtrain sweep <spec>`: the named sweeps of a spec (conf/tune/perf_h200x2.yaml: the 2 x H200 benchmark), one
+case after another through the trial runner (`python train.py -m`, as `vlmtrain tune` runs its trials), one row per
+case in the spec's results file (vlmtrain.observe.run_summary; metrics from summarize, the full override list as
+`config`); `--report` writes <results>.md from that file alone. With `--repeats N` (default: the spec's `repeats`, else
+1) each case runs until this machine lease has N finished runs of it (one row each, with `lease` and `run`; runs
+already recorded for the lease are skipped, so repeats may span device calls), then its summary row: median and
+min-max (vlmtrain.lab.repeats).
+
+    vlmtrain sweep perf_h200x2 --sweep mbs parallelism [--only SUBSTR ...] [--iterations 8]
+    vlmtrain sweep perf_h200 --sweep h1 [--repeats 3] [--budget-s 600]   # one H200: 3 runs per case, then medians
+    vlmtrain sweep perf_h200x2 --sweep all --dry-run     # CPU: preflight + Bridge validation of every case
+    vlmtrain sweep perf_h200x2 --sweep all --list        # the case table only
+    vlmtrain sweep perf_h200x2 --report                  # results/perf_h200x2.md from the results file
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from vlmtrain.lab import cases as run_cases
+from vlmtrain.lab import repeats, store, sweep_report
+from vlmtrain.lab.cases import ROOT
+from vlmtrain.lab.spec import Case, Spec
+from vlmtrain.lab.tune import trials
+
+
+def as_run_case(spec: Spec, case: Case, iterations: int) -> run_cases.Case:
+    """The case as benchmark rows record it: every override of `python train.py`, the GPUs it holds."""
+    return run_cases.Case(case.name, int(spec.get("gpus", 1)),
+                          [*spec.base, *case.overrides, f"train.iterations={iterations}"])
+
+
+def table(spec: Spec, cases: list[Case], status: dict[str, str] | None = None) -> str:
+    """One line per case: the layout and the batch arithmetic (grad-accum = GBS / (MBS x DP))."""
+    from vlmtrain.config import world
+    from vlmtrain.config.compose import compose
+
+    w = max(len(c.name) for c in cases)
+    lines = [f"{'case':<{w}}  {'layout':<12} {'MBS':>3} {'accum':>5}  status"]
+    for case in cases:
+        run = compose(run_cases.overrides(as_run_case(spec, case, 1), dry_run=True))
+        lay = world.layout(run)
+        mbs = run.train.micro_batch_size
+        accum = run.train.global_batch_size // (mbs * lay.dp)
+        lines.append(f"{case.name:<{w}}  {f'TP{lay.tp} EP{lay.ep} DP{lay.dp}':<12} {mbs:>3} {accum:>5}  "
+                     f"{(status or {}).get(case.name, '')}")
+    return "\n".join(lines)
+
+
+def dry_run(spec: Spec, cases: list[Case], out: Path) -> dict[str, str]:
+    """What `python train.py <case> dry_run=true` does (preflight, build, Bridge's runtime_config_update for the
+    declared world), in this one process so Bridge is imported once."""
+    from vlmtrain.build import plan
+    from vlmtrain.config.compose import compose
+
+    status = {}
+    for case in cases:
+        overrides = run_cases.overrides(as_run_case(spec, case, 1), dry_run=True)
+        print(f"\n=== {case.name}: python train.py {' '.join(overrides)}", flush=True)
+        rc = plan.dry_run(compose(overrides, output_dir=str(out / case.name)))
+        status[case.name] = {0: "ok", 2: "PREFLIGHT ERROR", 3: "BRIDGE VALIDATION ERROR"}.get(rc, f"rc={rc}")
+    return status
+
+
+def mock_ratio_row(spec: Spec, ran: set[str], results_path: Path, command: str) -> dict[str, Any] | None:
+    """Real vs mock at the same settings (the spec's `mock_pair`), once either side ran now; the other side may
+    come from an earlier session's row in the same results file."""
+    if not spec.get("mock_pair"):
+        return None
+    names = tuple(spec.case(e).name for e in spec.get("mock_pair"))
+    latest = sweep_report.latest_rows(results_path)
+    real, mock = (latest.get(n) for n in names)
+    if not (real and mock and ran & set(names)):
+        return None
+    r, m = real["metrics"], mock["metrics"]
+    metrics = {"real_over_mock_useful_tokens_per_s_per_gpu": r["useful_tokens_per_s_per_gpu"]
+               / m["useful_tokens_per_s_per_gpu"], "real_over_mock_step_s": r["step_s"] / m["step_s"]}
+    print(f"[sweep] real/mock: {metrics}", flush=True)
+    return store.append(results_path, f"real-vs-mock_{names[0]}", command, metrics,
+                          config={"real": real["config"], "mock": mock["config"]})
+
+
+def run_case(spec: Spec, case: Case, args: argparse.Namespace, trial_dir: Path | None = None,
+             **extra: Any) -> dict[str, Any] | None:
+    """One case through the trial runner (no early stopping: every case is measured), its row appended."""
+    rc_case = as_run_case(spec, case, args.iterations)
+    out = trials.run(trials.sweep_process, trial_dir or args.out / case.name, run_cases.overrides(rc_case),
+                     rc_case.gpus)
+    if out.status != "ok":
+        print(f"[sweep] {case.name}: {out.reason}", flush=True)
+    return run_cases.record(rc_case, 0 if out.status == "ok" else 1, Path(out.run_dir), out.wall_s, args.results,
+                            config=run_cases.overrides(rc_case), runner=args.runner, **extra)
+
+
+def pending(cases: list[Case], args: argparse.Namespace, lease: str) -> list[tuple[Case, int]]:
+    """(case, run number) still to run on this lease: each case's runs up to --repeats, the recorded ones left out.
+    Runs alternate between cases (every case's run 1, then run 2, ...): drift on the lease touches each case alike,
+    and a budget cut leaves every case with about as many runs."""
+    todo = []
+    for case in cases:
+        have = repeats.done(args.results, case.name, lease) if args.repeats > 1 else 0
+        if args.repeats > 1 and have:
+            print(f"[sweep] {case.name}: {have} of {args.repeats} runs already recorded on {lease}", flush=True)
+        todo += [(case, i) for i in range(have, args.repeats)]
+    return sorted(todo, key=lambda t: t[1])
+
+
+def main(spec: Spec, args: argparse.Namespace) -> int:
+    args.results = args.results or ROOT / spec.get("results", f"results/{spec.name}.jsonl")
+    args.iterations = args.iterations or int(spec.get("iterations", 8))
+    args.repeats = args.repeats or int(spec.get("repeats", 1))
+    if args.report:
+        md = sweep_report.report(spec, args.results, args.entry + " --report")
+        args.results.with_suffix(".md").write_text(md)
+        print(md)
+        return 0
+    if not args.sweep:
+        print("vlmtrain sweep: --sweep is required (or --report)", file=sys.stderr)
+        return 2
+    cases = spec.expand(args.sweep, args.only)
+    if args.skip_done:
+        done = {n for n, r in sweep_report.latest_rows(args.results).items() if not r.get("rc")}
+        cases = [c for c in cases if c.name not in done]
+    if not cases:
+        print("[sweep] no case matches", file=sys.stderr)
+        return 2
+    case_s = int(spec.get("case_s", 120))
+    print(f"[sweep] {len(cases)} case(s) x {args.repeats} run(s), ~{len(cases) * args.repeats * case_s / 60:.0f} min "
+          f"of device time at ~{case_s} s each")
+    if args.list:
+        print(table(spec, cases))
+        return 0
+    if args.dry_run:
+        status = dry_run(spec, cases, args.out)
+        print("\n" + table(spec, cases, status))
+        return 0 if all(s == "ok" for s in status.values()) else 1
+    from vlmtrain.config.world import local_gpus
+
+    if local_gpus() < int(spec.get("gpus", 1)):
+        print(f"[sweep] needs {spec.get('gpus')} GPUs, this machine has {local_gpus()}: use --dry-run here",
+              file=sys.stderr)
+        return 2
+    args.runner = f"{args.entry} --sweep {' '.join(args.sweep)}"
+    lease = store.lease()
+    todo = pending(cases, args, lease)
+    failed, ran, t0, walls = set(), set(), time.monotonic(), []
+    for k, (case, i) in enumerate(todo):
+        if case.name in failed:
+            continue  # a case that failed once on this lease is not repeated in this call
+        if args.budget_s is not None and time.monotonic() - t0 + max(walls, default=case_s) > args.budget_s:
+            print(f"[sweep] budget: {args.budget_s:.0f} s would be exceeded; not started: "
+                  f"{', '.join(f'{c.name} run {j + 1}/{args.repeats}' for c, j in todo[k:])}", flush=True)
+            break
+        print(f"[sweep] {case.name}" + (f" run {i + 1}/{args.repeats} ({lease})" if args.repeats > 1 else ""),
+              flush=True)
+        started = time.monotonic()
+        extra = {"lease": lease, "run": i} if args.repeats > 1 else {}
+        row = run_case(spec, case, args, args.out / case.name / f"run{i}" if extra else None, **extra)
+        walls.append(time.monotonic() - started)
+        if row is None:
+            failed.add(case.name)
+            continue
+        ran.add(case.name)
+        if extra and i + 1 == args.repeats:
+            repeats.append_summary(args.results, case.name, lease, f"{args.runner} --repeats {args.repeats}")
+    mock_ratio_row(spec, ran, args.results, f"{args.entry} --sweep mock")
+    return 1 if failed else 0
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--sweep", nargs="+", help="sweep names of the spec, or all")
+    ap.add_argument("--only", nargs="*", help="case names (substring match)")
+    ap.add_argument("--iterations", type=int, help="default: the spec's")
+    ap.add_argument("--repeats", type=int, help="runs per case on this machine lease, then a median row (default: the "
+                    "spec's `repeats`, else 1); runs the lease already recorded are not run again")
+    ap.add_argument("--dry-run", action="store_true", help="dry_run=true for every case (CPU: no GPU needed)")
+    ap.add_argument("--list", action="store_true", help="print the case table and exit")
+    ap.add_argument("--report", action="store_true", help="write <results>.md from --results and exit")
+    ap.add_argument("--skip-done", action="store_true",
+                    help="leave out cases whose latest row in --results finished (rc 0); failed ones run again")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="start no case that would end after this many seconds (estimate: the slowest case so far, "
+                         "the spec's case_s before the first), so a time-limited device call loses no half-run case")
+    ap.add_argument("--results", type=Path, help="default: the spec's results file")
+    ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "sweep" / time.strftime("%Y%m%d-%H%M%S"))

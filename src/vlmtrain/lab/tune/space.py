@@ -1,0 +1,190 @@
+"""The candidate space of a search stage for one model and world, pruned before anything runs.
+
+Layouts (`layout: fsdp`, `dp` or `3d` in a stage's `vary`, alone or in a list) are every degree set whose sizes
+divide: `dp` is data parallelism alone (Megatron's DDP with the distributed optimizer, every model-parallel degree 1:
+`3d-ep1`, so the 3D stage does not run it again), the layout with nothing to tune beside FSDP's; EP divides the
+experts and the ranks of a stage, TP the GPUs of a node, PP the decoder layers, VPP a stage's layers; ETP only at
+ETP = TP, and preflight's `etp_while_ep_fits` then refuses it where EP alone is enough (the guidance: ETP only when
+EP is not enough). A packed candidate (data.packing=<capacity>, MBS 1) trains GBS in rows (`packed_rows`). Each
+candidate is composed as train.py would, placed on the world it will run on and checked by preflight (its memory
+estimate, which reads the capacity, included): a candidate with an error finding is pruned, its findings kept as why.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from vlmtrain.lab.spec import Spec, Stage
+
+if TYPE_CHECKING:
+    from vlmtrain.config.schema import RunConfig
+
+LAYOUT_KINDS = ("fsdp", "dp", "3d")
+FLEX = ("hybridep", "deepep")
+"""Dispatchers through DeepEP's package (built for the GPU, not on PyPI): pruned where it is not installed."""
+MAX_TP, MAX_PP, VPP = 8, 8, 2
+
+
+def _divisors(n: int, limit: int | None = None) -> list[int]:
+    return [d for d in range(1, (limit or n) + 1) if n % d == 0]
+
+
+def _name(kind: str, tp: int = 1, pp: int = 1, vpp: int | None = None, cp: int = 1, ep: int = 1, etp: int = 1) -> str:
+    """A layout's name (vlmtrain.lab.spec.layout_overrides): the kind, then each degree above 1 (EP always)."""
+    parts = [f"tp{tp}" * (tp > 1), f"pp{pp}" * (pp > 1), f"vpp{vpp}" if vpp else "", f"cp{cp}" * (cp > 1), f"ep{ep}",
+             f"etp{etp}" * (etp > 1)]
+    return "-".join([kind, *(p for p in parts if p)])
+
+
+def layouts(kind: str, world_size: int, gpus_per_node: int, num_experts: int, num_layers: int) -> list[str]:
+    """Layout names (vlmtrain.lab.spec.layout_overrides) of one kind for this world and model."""
+    if kind == "fsdp":
+        return [_name("fsdp", ep=ep) for ep in _divisors(math.gcd(world_size, num_experts))]
+    if kind == "dp":
+        return [_name("3d")]
+    out = []
+    for tp in _divisors(gpus_per_node, min(MAX_TP, gpus_per_node)):
+        for pp in _divisors(num_layers, MAX_PP):
+            if world_size % (tp * pp):
+                continue
+            vpps = [None] + ([VPP] if pp > 1 and (num_layers // pp) % VPP == 0 else [])
+            for vpp, etp in itertools.product(vpps, sorted({1, tp})):
+                for ep in _divisors(math.gcd(world_size // (pp * etp), num_experts)):
+                    out.append(_name("3d", tp, pp, vpp, ep=ep, etp=etp))
+    return out
+
+
+@dataclass
+class Candidate:
+    values: dict[str, Any]
+    name: str
+    overrides: list[str]
+    grid: int = 0
+    """Which of the stage's grids it comes from (a ladder climbs per grid)."""
+    findings: list[str] = field(default_factory=list)
+    """Preflight's findings: errors (why it was pruned) first."""
+    pruned: bool = False
+
+
+def stage_values(stage: Stage, run: RunConfig, world_size: int, gpus_per_node: int) -> list[dict[str, list[Any]]]:
+    """Each grid's knobs and their values; `layout: fsdp|3d` expanded for this world and model."""
+    out = []
+    for grid in stage.grids:
+        varied = {}
+        for knob, values in grid.items():
+            values = list(values) if isinstance(values, list) else [values]
+            if knob == "layout":
+                values = [n for v in values for n in (layouts(v, world_size, gpus_per_node, run.model.num_experts,
+                                                               run.model.num_layers) if v in LAYOUT_KINDS else [v])]
+            varied[knob] = values
+        out.append(varied)
+    return out
+
+
+def candidates(spec: Spec, parents: list[dict[str, Any]], grids: list[dict[str, list[Any]]]) -> list[Candidate]:
+    """Every parent (a survivor of the last stage) with every combination of each grid's values, once each."""
+    seen: dict[str, Candidate] = {}
+    for parent in parents:
+        for i, varied in enumerate(grids):
+            for combo in itertools.product(*varied.values()):
+                case = spec.case({**parent, **dict(zip(varied, combo, strict=True))})
+                seen.setdefault(case.name, Candidate(case.values, case.name, case.overrides, i))
+    return list(seen.values())
+
+
+def placed(overrides: list[str], node_gpus: int) -> RunConfig:
+    """The run as train.py composes it, on the world it will run on."""
+    from vlmtrain.config import world
+    from vlmtrain.config.compose import compose
+
+    run = compose(overrides)
+    run.gpus_per_node = world.placement(run, node_gpus).gpus_per_node
+    return run
+
+
+def packed_rows(spec: Spec, overrides: list[str], node_gpus: int) -> list[str]:
+    """`train.global_batch_size=<rows>` for a packed candidate, where the spec has `packed_rows: {tokens_per_sample:
+    N}`: about the base's samples per step as rows of the capacity (GBS x N / capacity, to the nearest multiple of
+    DP, at least DP), since with a capacity GBS counts rows (preflight's packing_is_one_bin); [] otherwise."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from vlmtrain.config import world
+    from vlmtrain.config.groups.data import capacity
+
+    per_sample = (spec.get("packed_rows") or {}).get("tokens_per_sample")
+    if not per_sample:
+        return []
+    try:
+        run = placed(overrides, node_gpus)
+    except (HydraException, OmegaConfBaseException, ValueError):
+        return []  # check() reports it
+    cap = capacity(run)
+    if cap is None:
+        return []
+    dp = world.layout(run).dp
+    rows = max(1, math.floor(run.train.global_batch_size * per_sample / cap / dp + 0.5)) * dp
+    return [f"train.global_batch_size={rows}"]
+
+
+def check(overrides: list[str], node_gpus: int) -> list[str]:
+    """Preflight findings of one composed candidate on the world it will run on (errors first), as the -m sweeper
+    checks its jobs; a schema or compose error is one finding."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from vlmtrain.check import preflight
+    from vlmtrain.config.resolve import resolve
+
+    try:
+        run = placed(overrides, node_gpus)
+        findings = preflight.check(run, resolve(run))
+    except (HydraException, OmegaConfBaseException, ValueError) as e:
+        return [f"[error] compose: {' '.join(f'{type(e).__name__}: {e}'.split())}"]
+    if run.dispatcher.backend in FLEX and importlib.util.find_spec("deep_ep") is None:
+        findings.append(preflight.Finding("dispatcher_installed", preflight.Severity.error,
+                                          f"dispatcher={run.dispatcher.backend} needs DeepEP's deep_ep package, "
+                                          "which this machine lacks"))
+    errors = preflight.errors(findings)
+    return [str(f) for f in errors] + [str(f) for f in findings if f not in errors]
+
+
+def prune(spec: Spec, cands: list[Candidate], node_gpus: int) -> list[Candidate]:
+    """Size packed candidates' GBS in rows, then mark the candidates preflight refuses (pruned, with the findings
+    that say why); returns all of them."""
+    for c in cands:
+        c.overrides = [*c.overrides, *packed_rows(spec, [*spec.base, *c.overrides], node_gpus)]
+        c.findings = check([*spec.base, *c.overrides], node_gpus)
+        c.pruned = any(f.startswith("[error]") for f in c.findings)
+    return cands
+
+
+def layout_name(run: RunConfig) -> str:
+    """The layout a composed run trains with, named as `layouts` names them (`fsdp-ep8`, `3d-tp2-ep4`)."""
+    from vlmtrain.config.world import layout
+
+    lay = layout(run)
+    return _name(run.parallelism.kind, lay.tp, lay.pp, lay.vpp, lay.cp, lay.ep, lay.etp)
+
+
+def fill_defaults(spec: Spec, node_gpus: int = 0) -> None:
+    """A knob's null default becomes what the base overrides compose to on the world they run on (the group's
+    option, the field's value, the layout's name), so a stage's candidate that keeps it is the same trial as its
+    parent; a knob of named options stays off."""
+    from omegaconf import OmegaConf
+
+    from vlmtrain.config.groups import CHOSEN
+
+    run = placed(spec.base, node_gpus)
+    tree = OmegaConf.structured(run)
+    for key, value in spec.defaults.items():
+        if value is not None or spec.knobs[key].options is not None:
+            continue
+        if key == "layout":
+            spec.defaults[key] = layout_name(run)
+        else:
+            spec.defaults[key] = run.choices.get(key) if key in CHOSEN else OmegaConf.select(tree, key)
