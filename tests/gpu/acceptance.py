@@ -16,27 +16,20 @@ import argparse
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
+from vlmtrain.lab import cases, runner, store
+from vlmtrain.lab.runner import ROOT
+from vlmtrain.observe import run_summary
 
-from vlmtrain.lab import store  # noqa: E402
-from vlmtrain.observe import run_summary  # noqa: E402
-
-TINY = ["model=tiny", "train.iterations=10", "train.global_batch_size=8"]
-SHAPE_30B = ["model=qwen3_vl_30b_a3b", "model.num_layers=4", "data=realistic", "train.iterations=8",
-             "train.global_batch_size=8"]
-SHAPE_35 = ["model=qwen35_vl_35b_a3b", "model.num_layers=4", "data=realistic", "train.iterations=6",
-            "train.global_batch_size=8"]
-# The largest 235B depth one H200 holds (memory estimate 92.5 GiB): one layer, so one deepstack merger.
-SHAPE_235B = ["model=qwen3_vl_235b_a22b", "model.num_layers=1", "model.vit.deepstack_indexes=[8]", "data=realistic",
-              "train.iterations=6", "train.global_batch_size=8"]
+TINY = [*cases.TINY, *cases.steps(10)]
+SHAPE_30B = [*cases.SHAPE_30B, *cases.steps(8)]
+SHAPE_35 = [*cases.SHAPE_35, *cases.steps(6)]
+SHAPE_235B = [*cases.SHAPE_235B, *cases.steps(6)]
 INPUTS = "{inputs}"
 """Placeholder in overrides for the folder prepare_inputs() writes the exported datasets into."""
 EXPORTS = {"jsonl": [], "parquet": [], "hf": [], "energon": [], "parquet_bad": ["--corrupt", "2"]}
@@ -44,9 +37,10 @@ EXPORTS = {"jsonl": [], "parquet": [], "hf": [], "energon": [], "parquet_bad": [
 
 
 @dataclass
-class Case:
-    name: str
-    overrides: list[str]
+class AcceptanceCase:
+    """A one-GPU named run (vlmtrain.lab.cases.Case) and what the suite expects of it."""
+
+    run: cases.Case
     exclusive: bool = False
     """Runs alone on the GPU (large models), else side by side with the other non-exclusive cases."""
     sweep: bool = False
@@ -55,39 +49,48 @@ class Case:
     expect: dict[str, Any] = field(default_factory=dict)
     """skipped_samples: N; message: regex the output must match; sweep_jobs: N; max_first_step_s: s."""
 
+    @property
+    def name(self) -> str:
+        return self.run.name
 
-CASES: list[Case] = [
-    Case("tiny_sample", TINY),
-    Case("tiny_realistic", [*TINY, "data=realistic"]),
-    Case("tiny_jsonl", [*TINY, "data=jsonl", f"data.path={INPUTS}/jsonl/data.jsonl"]),
-    Case("tiny_parquet", [*TINY, "data=parquet", f"data.path={INPUTS}/parquet/data.parquet"]),
-    Case("tiny_hf", [*TINY, "data=hf", f"data.path={INPUTS}/hf"]),
-    Case("tiny_energon", [*TINY, "data=energon", f"data.path={INPUTS}/energon"]),
-    Case("tiny_mock", [*TINY, "data=mock"]),
-    Case("tiny_parquet_bad_skipped", [*TINY, "data=parquet", f"data.path={INPUTS}/parquet_bad/data.parquet",
-                                      "data.skip_bad_images=true"], expect={"skipped_samples": 2}),
-    Case("tiny_parquet_bad_refused", [*TINY, "data=parquet", f"data.path={INPUTS}/parquet_bad/data.parquet"],
-         expect_rc=2, expect={"message": r"parquet_bad/data\.parquet.*row \d+"}),
-    Case("tiny_sweep_mbs", ["train.micro_batch_size=1,2", "train.iterations=6"], sweep=True,
-         expect={"sweep_jobs": 2}),
-    Case("30b-shape-l4_realistic", SHAPE_30B, exclusive=True),
+
+def accept(name: str, overrides: list[str], **expect: Any) -> AcceptanceCase:
+    """A one-GPU case and its expectations (the AcceptanceCase fields)."""
+    return AcceptanceCase(cases.Case(name, 1, overrides), **expect)
+
+
+CASES: list[AcceptanceCase] = [
+    accept("tiny_sample", TINY),
+    accept("tiny_realistic", [*TINY, "data=realistic"]),
+    accept("tiny_jsonl", [*TINY, "data=jsonl", f"data.path={INPUTS}/jsonl/data.jsonl"]),
+    accept("tiny_parquet", [*TINY, "data=parquet", f"data.path={INPUTS}/parquet/data.parquet"]),
+    accept("tiny_hf", [*TINY, "data=hf", f"data.path={INPUTS}/hf"]),
+    accept("tiny_energon", [*TINY, "data=energon", f"data.path={INPUTS}/energon"]),
+    accept("tiny_mock", [*TINY, "data=mock"]),
+    accept("tiny_parquet_bad_skipped", [*TINY, "data=parquet", f"data.path={INPUTS}/parquet_bad/data.parquet",
+                                        "data.skip_bad_images=true"], expect={"skipped_samples": 2}),
+    accept("tiny_parquet_bad_refused", [*TINY, "data=parquet", f"data.path={INPUTS}/parquet_bad/data.parquet"],
+           expect_rc=2, expect={"message": r"parquet_bad/data\.parquet.*row \d+"}),
+    accept("tiny_sweep_mbs", ["train.micro_batch_size=1,2", "train.iterations=6"], sweep=True,
+           expect={"sweep_jobs": 2}),
+    accept("30b-shape-l4_realistic", SHAPE_30B, exclusive=True),
     # beside the tiny cases: its first run is mostly TileLang's kernel JIT (minutes), which the next case must skip
-    Case("qwen35-l4_first-run", SHAPE_35),
-    Case("qwen35-l4_second-run", SHAPE_35, exclusive=True, expect={"max_first_step_s": 60.0}),
-    Case("235b-l1_realistic", SHAPE_235B, exclusive=True),
+    accept("qwen35-l4_first-run", SHAPE_35),
+    accept("qwen35-l4_second-run", SHAPE_35, exclusive=True, expect={"max_first_step_s": 60.0}),
+    accept("235b-l1_realistic", SHAPE_235B, exclusive=True),
     # the kernels group on Qwen3.5: CUTLASS experts, fused router, TE cross entropy and RoPE, host ViT positions
-    Case("qwen35-l4_kernels-fast", [*SHAPE_35, "kernels=fast"]),
-    Case("qwen35-l4_packing_refused", [*SHAPE_35, "data.packing=8192"], expect_rc=1,
-         expect={"message": "qwen35_packing_unverified"}),
+    accept("qwen35-l4_kernels-fast", [*SHAPE_35, "kernels=fast"]),
+    accept("qwen35-l4_packing_refused", [*SHAPE_35, "data.packing=8192"], expect_rc=1,
+           expect={"message": "qwen35_packing_unverified"}),
 ]
 
 
-def overrides(case: Case, inputs: Path) -> list[str]:
-    """The case's train.py arguments (one GPU, no W&B upload). A sweep leaves gpus_per_node unset, as a user does:
-    its preflight must count this node's GPUs (the sweep recorded on 2026-12-01 still set gpus_per_node=1)."""
-    world = [] if case.sweep else ["gpus_per_node=1"]
-    return [*(["-m"] if case.sweep else []), *(o.replace(INPUTS, str(inputs)) for o in case.overrides),
-            *world, "wandb.enabled=false"]
+def overrides(case: AcceptanceCase, inputs: Path) -> list[str]:
+    """The case's train.py overrides (one GPU, no W&B upload; `-m` for a sweep is runner's). A sweep leaves
+    gpus_per_node unset, as a user does: its preflight must count this node's GPUs (the sweep recorded on
+    2026-12-01 still set gpus_per_node=1)."""
+    world = [] if case.sweep else [f"gpus_per_node={case.run.gpus}"]
+    return [*(o.replace(INPUTS, str(inputs)) for o in case.run.overrides), *world, "wandb.enabled=false"]
 
 
 def prepare_inputs(inputs: Path) -> None:
@@ -99,17 +102,6 @@ def prepare_inputs(inputs: Path) -> None:
                             "--out", str(inputs / folder), *extra], check=True, cwd=ROOT)
 
 
-def _start(case: Case, out: Path, inputs: Path, port: int) -> tuple[subprocess.Popen[bytes], Path, float]:
-    run_dir = out / case.name
-    shutil.rmtree(run_dir, ignore_errors=True)  # a re-run must not append to old files
-    run_dir.mkdir(parents=True)
-    where = f"hydra.sweep.dir={run_dir}" if case.sweep else f"hydra.run.dir={run_dir}"
-    cmd = [sys.executable, str(ROOT / "train.py"), *overrides(case, inputs), where]
-    log = (run_dir / "train.log").open("wb")
-    env = dict(os.environ, MASTER_PORT=str(port), PYTHONUNBUFFERED="1")
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT), run_dir, time.time()
-
-
 CASE_FILE = "case.json"
 """The case's results row, written into its run dir too: a recorded run dir then holds its exit status."""
 
@@ -119,7 +111,7 @@ def recorded_rc(run_dir: Path) -> int:
     return json.loads((run_dir / CASE_FILE).read_text())["metrics"]["rc"]
 
 
-def outcome(case: Case, rc: int, run_dir: Path, wall_s: float) -> dict[str, Any]:
+def outcome(case: AcceptanceCase, rc: int, run_dir: Path, wall_s: float) -> dict[str, Any]:
     """What the case's run dir says: rc, summary metrics, skipped samples, first step time, checks, sweep report."""
     log = (run_dir / "train.log").read_text(errors="replace")
     job_dirs = sorted(p.parent for p in run_dir.glob("*/metrics.jsonl")) if case.sweep else [run_dir]
@@ -142,7 +134,7 @@ def outcome(case: Case, rc: int, run_dir: Path, wall_s: float) -> dict[str, Any]
     return out
 
 
-def verdict(case: Case, got: dict[str, Any]) -> list[str]:
+def verdict(case: AcceptanceCase, got: dict[str, Any]) -> list[str]:
     """What the case expected and did not see (empty: it passed)."""
     problems: list[str] = []
     m, want = got["metrics"], case.expect
@@ -174,18 +166,20 @@ def verdict(case: Case, got: dict[str, Any]) -> list[str]:
     return problems
 
 
-def run(cases: list[Case], out: Path, results_path: Path, inputs: Path, commit: str) -> dict[str, list[str]]:
+def run(selected: list[AcceptanceCase], out: Path, results_path: Path, inputs: Path,
+        commit: str) -> dict[str, list[str]]:
     """Run the cases (side-by-side ones first, then each exclusive one alone); one results row per case."""
     prepare_inputs(inputs)
     problems: dict[str, list[str]] = {}
-    batches = [[c for c in cases if not c.exclusive], *([c] for c in cases if c.exclusive)]
+    batches = [[c for c in selected if not c.exclusive], *([c] for c in selected if c.exclusive)]
     for batch in (b for b in batches if b):
-        started = [(c, *_start(c, out, inputs, 29600 + 10 * i)) for i, c in enumerate(batch)]
-        for case, proc, run_dir, t0 in started:
-            got = outcome(case, proc.wait(), run_dir, time.time() - t0)
+        started = [(c, runner.start(overrides(c, inputs), out / c.name, multirun=c.sweep, fresh=True)) for c in batch]
+        for case, started_run in started:
+            rc, run_dir = started_run.wait(), started_run.run_dir
+            got = outcome(case, rc, run_dir, started_run.wall_s())
             problems[case.name] = verdict(case, got)
             metrics = {"rc": got["rc"], **got["metrics"], "wall_s": got["wall_s"]}
-            command = "python train.py " + " ".join(overrides(case, Path("<inputs>")))
+            command = runner.recorded(overrides(case, Path("<inputs>")), multirun=case.sweep)
             row = store.append(results_path, case.name, command, metrics, commit=commit,
                                  ok=not problems[case.name], problems=problems[case.name],
                                  side_by_side=[c.name for c in batch] if len(batch) > 1 else [],
@@ -204,8 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--commit", default=os.environ.get("VLMTRAIN_COMMIT", "unknown"),
                     help="the commit the run dirs were made with (recorded in every row)")
     args = ap.parse_args(argv)
-    cases = [c for c in CASES if not args.only or any(s in c.name for s in args.only)]
-    problems = run(cases, args.out, args.results, args.out / "inputs", args.commit)
+    selected = [c for c in CASES if not args.only or any(s in c.name for s in args.only)]
+    problems = run(selected, args.out, args.results, args.out / "inputs", args.commit)
     return 1 if any(problems.values()) else 0
 
 

@@ -6,7 +6,6 @@ and in real training, the latter with the precision-aware optimizer). Run with `
 
 from __future__ import annotations
 
-import subprocess
 import types
 from pathlib import Path
 
@@ -16,8 +15,6 @@ import torch
 from vlmtrain.lab import cases
 from vlmtrain.lab.checks.resume import losses
 from vlmtrain.train import bridge_patches
-
-ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.gpu
 
@@ -74,10 +71,10 @@ def tiny_curves(tmp_path: Path, replacement: str, off: list[str], on: list[str],
     code `replacement` is in the on-run's list of replaced code only. Both curves hold steps 0-3."""
     curves = []
     for label, extra in (("off", off), ("on", on)):
-        case = cases.Case(f"tiny_{replacement}-{label}", 1, ["model=tiny", "train.iterations=4",
-                                                            "train.global_batch_size=4", "kernels=fast", *base, *extra])
-        proc = subprocess.run(cases.command(case, tmp_path / label), cwd=ROOT, capture_output=True, text=True)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        case = cases.Case(f"tiny_{replacement}-{label}", 1, [*cases.TINY, *cases.steps(4, 4), "kernels=fast", *base,
+                                                            *extra])
+        run = cases.start(case, tmp_path / label)
+        assert run.wait() == 0, run.log.read_text()[-6000:]
         assert (replacement in (tmp_path / label / "ranks.log").read_text()) == (label == "on")  # replaced code
         curves.append(losses(tmp_path / label))
     assert sorted(curves[0]) == sorted(curves[1]) == [0, 1, 2, 3]

@@ -8,16 +8,12 @@ setting took effect.
 from __future__ import annotations
 
 import json
-import subprocess
-from pathlib import Path
 
 import pytest
 
 from vlmtrain.config.world import local_gpus
 from vlmtrain.lab import cases as run_cases
 from vlmtrain.observe import run_summary
-
-ROOT = Path(__file__).resolve().parents[2]
 
 CASES = run_cases.SUITES["gpu_training"]
 
@@ -28,8 +24,8 @@ pytestmark = pytest.mark.gpu
 def test_case_trains(case, tmp_path):
     if local_gpus() < case.gpus:
         pytest.skip(f"needs {case.gpus} GPU(s)")
-    proc = subprocess.run(run_cases.command(case, tmp_path), cwd=ROOT, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run = run_cases.start(case, tmp_path)
+    assert run.wait() == 0, run.log.read_text()[-6000:]
     summary = run_summary.summarize(tmp_path)
     assert summary["last_loss"] < summary["first_loss"]
     checks = json.loads((tmp_path / "checks.json").read_text())

@@ -10,7 +10,7 @@ sample's slice of the packed row must equal that sample collated alone (packing 
 unpacked data). Megatron Bridge has had packed Qwen3-VL RoPE bugs (issue #1776, PR #4532), so the controls show
 that positions computed without the per-sample boundaries do differ, that whole-row positions are a pure shift per
 sample (RoPE attention, relative, cancels it while the boundaries are kept: why the GPU check's position control
-permutes positions instead), and that the GPU check's own controls (lab.checks.packing_equivalence.control_batch)
+permutes positions instead), and that the GPU check's own controls (lab.checks.packing_harness.control_batch)
 break what they claim to.
 """
 
@@ -26,7 +26,7 @@ import torch
 from vlmtrain.build import container, target
 from vlmtrain.check import preflight
 from vlmtrain.config.resolve import resolve
-from vlmtrain.lab.checks.packing_equivalence import control_batch
+from vlmtrain.lab.checks.packing_harness import control_batch
 
 CAPACITY = 8192
 """Tokens per packed row: holds every micro-batch below with room for a static tail; a multiple of each pack_align."""
@@ -190,7 +190,7 @@ def _alone(data: Data, index: int) -> Alone:
 
 
 @dataclass
-class Case:
+class PackedBatch:
     """One packed micro-batch (the collate's batch, and vlm_step's) and its samples collated alone."""
 
     batch: dict[str, Any]
@@ -212,12 +212,12 @@ class Case:
 
 
 @pytest.fixture(scope="module")
-def case(data: Callable[..., Data]) -> Callable[..., Case]:
+def case(data: Callable[..., Data]) -> Callable[..., PackedBatch]:
     """case(multiple, micro-batch name, static), collated once for the module."""
     alone_cache: dict[int, Alone] = {}
-    cases: dict[tuple[int, str, bool], Case] = {}
+    cases: dict[tuple[int, str, bool], PackedBatch] = {}
 
-    def _case(multiple: int, name: str, static: bool = False) -> Case:
+    def _case(multiple: int, name: str, static: bool = False) -> PackedBatch:
         if (multiple, name, static) in cases:
             return cases[multiple, name, static]
         packed_data, alone_data = _packed_data(data, multiple, static), data(*ALONE)
@@ -230,7 +230,7 @@ def case(data: Callable[..., Data]) -> Callable[..., Case]:
             assert alone_data.dataset[i] == examples[i]  # the unpacked run reads the same examples in the same order
             if i not in alone_cache:
                 alone_cache[i] = _alone(alone_data, i)
-        cases[multiple, name, static] = Case(batch, step, params, [alone_cache[i] for i in indices],
+        cases[multiple, name, static] = PackedBatch(batch, step, params, [alone_cache[i] for i in indices],
                                              _rope(packed_data.cfg))
         return cases[multiple, name, static]
 
@@ -242,7 +242,7 @@ def _cat(parts: list[torch.Tensor | None]) -> torch.Tensor | None:
     return torch.cat(present) if present else None
 
 
-def _assert_samples_equal_alone(c: Case, multiple: int, name: str, static: bool) -> None:
+def _assert_samples_equal_alone(c: PackedBatch, multiple: int, name: str, static: bool) -> None:
     """Every sample's slice of the row is the sample alone; padding (alignment, static tail) carries no loss."""
     from megatron.bridge.data.datasets.utils import IGNORE_INDEX
     from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.model import _is_mrope_position_ids
@@ -294,11 +294,11 @@ def test_collate_is_bridges_qwen_collate(data: Callable[..., Data]) -> None:
 
 @pytest.mark.parametrize("name", sorted(MICRO_BATCHES))
 @pytest.mark.parametrize("multiple", sorted(PACKED))
-def test_packed_sample_equals_sample_alone(case: Callable[..., Case], multiple: int, name: str) -> None:
+def test_packed_sample_equals_sample_alone(case: Callable[..., PackedBatch], multiple: int, name: str) -> None:
     _assert_samples_equal_alone(case(multiple, name), multiple, name, static=False)
 
 
-def _real_tokens(c: Case) -> torch.Tensor:
+def _real_tokens(c: PackedBatch) -> torch.Tensor:
     """[T] bool: the row's tokens that belong to a sample (not alignment or static padding)."""
     real = torch.zeros(c.step["input_ids"].shape[1], dtype=torch.bool)
     for start, end, _ in c.slices():
@@ -308,7 +308,8 @@ def _real_tokens(c: Case) -> torch.Tensor:
 
 @pytest.mark.parametrize("name", sorted(MICRO_BATCHES))
 @pytest.mark.parametrize("multiple", STATIC)
-def test_static_row_pads_one_tail_and_keeps_every_sample(case: Callable[..., Case], multiple: int, name: str) -> None:
+def test_static_row_pads_one_tail_and_keeps_every_sample(case: Callable[..., PackedBatch], multiple: int,
+                                                          name: str) -> None:
     """data.packing_static=true: the row is the capacity; each sample's slice and positions are the dynamic row's
     (and so the sample alone's); the only addition is one span at the end, no labels and no loss."""
     from megatron.bridge.data.datasets.utils import IGNORE_INDEX
@@ -331,7 +332,7 @@ def test_static_row_pads_one_tail_and_keeps_every_sample(case: Callable[..., Cas
 
 @pytest.mark.parametrize("name", sorted(MICRO_BATCHES))
 @pytest.mark.parametrize("multiple", sorted(PACKED))
-def test_positions_without_sample_boundaries_differ(case: Callable[..., Case], multiple: int, name: str) -> None:
+def test_positions_without_sample_boundaries_differ(case: Callable[..., PackedBatch], multiple: int, name: str) -> None:
     """Negative controls. Whole-row positions (get_rope_index without cu_seqlens, the GPU check's
     `whole_row_positions`) shift every position of a later sample by one constant, so they differ from the second
     sample on by a pure shift; the GPU check's `positions` control permutes each sample's positions (differs for

@@ -46,7 +46,7 @@ def composed(overrides: list[str]) -> dict[str, Any]:
     return tree
 
 
-def case_overrides(case: spec.Case) -> list[str]:
+def case_overrides(case: spec.SpecCase) -> list[str]:
     return run_cases.overrides(sweep.as_run_case(PERF, case, PERF.get("iterations")))
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from contextlib import contextmanager, nullcontext
@@ -26,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 from megatron.bridge.training.callbacks import Callback
 
-from vlmtrain.lab import repeats, store
-from vlmtrain.lab.cases import ROOT
+from vlmtrain.lab import repeats, runner, store
+from vlmtrain.lab.runner import ROOT
 from vlmtrain.observe import run_summary
 
 if TYPE_CHECKING:
@@ -211,11 +210,9 @@ def rank_main(run_dir: Path) -> int:
     return 0
 
 
-def command(run_dir: Path) -> list[str]:
-    from vlmtrain.launch.local import master_port
-
+def command(run_dir: Path, port: int) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=1", "--nnodes=1", "--master-port",
-            master_port(dict(os.environ)), "-m", MODULE, RANK_FLAG, str(run_dir)]
+            str(port), "-m", MODULE, RANK_FLAG, str(run_dir)]
 
 
 def run_once(i: int, lease: str, out: Path, results_path: Path) -> dict[str, Any] | None:
@@ -226,11 +223,10 @@ def run_once(i: int, lease: str, out: Path, results_path: Path) -> dict[str, Any
 
     prepare.prepare(h1_run(run_dir))  # compose and the data scan on CPU before the rank starts, as vlmtrain.flow does
     print(f"[bridge-recipe] run {i + 1} ({lease}) in {run_dir}", flush=True)
-    t0 = time.time()
-    with (run_dir / "train.log").open("w") as log:
-        rc = subprocess.run(command(run_dir), stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                            env=dict(os.environ, PYTHONUNBUFFERED="1")).returncode
-    wall = round(time.time() - t0, 1)
+    port = int(os.environ.get("MASTER_PORT") or runner.free_port())
+    run = runner.spawn(command(run_dir, port), run_dir, port=port)
+    rc = run.wait()
+    wall = round(run.wall_s(), 1)
     summary = run_summary.summarize(run_dir, keys=run_summary.SUMMARY_KEYS)
     print(f"[bridge-recipe] run {i + 1}: rc {rc} in {wall} s {json.dumps(summary)}", flush=True)
     if rc != 0 or "useful_tokens_per_s_per_gpu" not in summary:

@@ -4,75 +4,83 @@ repeats and medians are specs of `vlmtrain sweep`: conf/tune/perf_h200.yaml hold
     python -m vlmtrain.lab.cases gpu_training [--only NAME ...] [--results results/gpu_training.jsonl]
 
 Cases that fit on fewer GPUs than the node has run side by side (CUDA_VISIBLE_DEVICES slots). Each case is a
-plain `python train.py <overrides>` run; its metrics.jsonl / checks.json are summarized by vlmtrain.observe.run_summary.
+plain `python train.py <overrides>` run (vlmtrain.lab.runner); its metrics.jsonl / checks.json are summarized by
+vlmtrain.observe.run_summary. `Case` and the model baselines below are the lab's one definition of a named run:
+sweeps, the overhead A/B, the profile, the GPU checks and the acceptance suite build theirs from them.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
-import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from vlmtrain.config.world import local_gpus
-from vlmtrain.lab import store
+from vlmtrain.lab import runner, store
 from vlmtrain.lab.runner import ROOT
 from vlmtrain.observe import run_summary
 
-TINY = ["model=tiny", "train.iterations=12", "train.global_batch_size=8"]
-SHAPE_30B = [
-    "model=qwen3_vl_30b_a3b",
-    "model.num_layers=4",
-    "data=realistic",
-    "train.iterations=10",
-    "train.global_batch_size=8",
-]
+TINY = ["model=tiny"]
+L4_30B = ["model=qwen3_vl_30b_a3b", "model.num_layers=4"]
+"""Qwen3-VL-30B-A3B's layer shapes at 4 decoder layers: the fewest that hold its 3 deepstack layers."""
+SHAPE_30B = [*L4_30B, "data=realistic"]
+SHAPE_35 = ["model=qwen35_vl_35b_a3b", "model.num_layers=4", "data=realistic"]
+# The largest 235B depth one H200 holds (memory estimate 92.5 GiB): one layer, so one deepstack merger.
+SHAPE_235B = ["model=qwen3_vl_235b_a22b", "model.num_layers=1", "model.vit.deepstack_indexes=[8]", "data=realistic"]
+
+
+def steps(iterations: int, global_batch_size: int = 8) -> list[str]:
+    """A baseline's length: train.iterations and train.global_batch_size."""
+    return [f"train.iterations={iterations}", f"train.global_batch_size={global_batch_size}"]
 
 
 @dataclass
 class Case:
+    """A named `python train.py` run: its overrides and the GPUs it holds."""
+
     name: str
     gpus: int
     overrides: list[str] = field(default_factory=list)
 
 
+TINY_12 = [*TINY, *steps(12)]
+SHAPE_30B_10 = [*SHAPE_30B, *steps(10)]
 SUITES: dict[str, list[Case]] = {
     "gpu_training": [
-        Case("tiny_fsdp_ep1_trainable_recompute-none_graph-none_1gpu", 1, TINY),
-        Case("tiny_fsdp_ep1_frozen_recompute-none_graph-none_1gpu", 1, [*TINY, "vision=frozen"]),
-        Case("tiny_fsdp_ep1_trainable_recompute-selective_graph-none_1gpu", 1, [*TINY, "recompute=selective"]),
+        Case("tiny_fsdp_ep1_trainable_recompute-none_graph-none_1gpu", 1, TINY_12),
+        Case("tiny_fsdp_ep1_frozen_recompute-none_graph-none_1gpu", 1, [*TINY_12, "vision=frozen"]),
+        Case("tiny_fsdp_ep1_trainable_recompute-selective_graph-none_1gpu", 1, [*TINY_12, "recompute=selective"]),
         # full recompute needs the projector frozen too (preflight rule deepstack_full_recompute)
         Case(
             "tiny_fsdp_ep1_frozen-projector_recompute-full_graph-none_1gpu",
             1,
-            [*TINY, "recompute=full", "vision=frozen_with_projector"],
+            [*TINY_12, "recompute=full", "vision=frozen_with_projector"],
         ),
         Case(
             "tiny_3d_ep1_trainable_recompute-none_graph-moe_router_preprocess_1gpu",
             1,
-            [*TINY, "parallelism=3d", "cuda_graph=moe_router_preprocess"],
+            [*TINY_12, "parallelism=3d", "cuda_graph=moe_router_preprocess"],
         ),
-        Case("tiny_3d_ep1_trainable_recompute-none_graph-none_1gpu", 1, [*TINY, "parallelism=3d"]),
-        Case("tiny_fsdp_ep2_trainable_recompute-none_graph-none_2gpu", 2, TINY),
-        Case("tiny_3d_ep2_trainable_recompute-none_graph-none_2gpu", 2, [*TINY, "parallelism=3d"]),
+        Case("tiny_3d_ep1_trainable_recompute-none_graph-none_1gpu", 1, [*TINY_12, "parallelism=3d"]),
+        Case("tiny_fsdp_ep2_trainable_recompute-none_graph-none_2gpu", 2, TINY_12),
+        Case("tiny_3d_ep2_trainable_recompute-none_graph-none_2gpu", 2, [*TINY_12, "parallelism=3d"]),
         Case(
-            "tiny_3d_tp2_ep2_trainable_recompute-none_graph-none_2gpu", 2, [*TINY, "parallelism=3d", "parallelism.tp=2"]
+            "tiny_3d_tp2_ep2_trainable_recompute-none_graph-none_2gpu",
+            2,
+            [*TINY_12, "parallelism=3d", "parallelism.tp=2"],
         ),
         Case(
             "tiny_3d_pp2_ep1_trainable_recompute-none_graph-none_2gpu",
             2,
-            [*TINY, "parallelism=3d", "parallelism.pp=2", "parallelism.ep=1"],
+            [*TINY_12, "parallelism=3d", "parallelism.pp=2", "parallelism.ep=1"],
         ),
-        Case("30b-shape-l4_fsdp_ep1_trainable_recompute-none_graph-none_1gpu", 1, SHAPE_30B),
-        Case("30b-shape-l4_fsdp_ep1_frozen_recompute-none_graph-none_1gpu", 1, [*SHAPE_30B, "vision=frozen"]),
-        Case("30b-shape-l4_fsdp_ep2_trainable_recompute-none_graph-none_2gpu", 2, SHAPE_30B),
-        Case("30b-shape-l4_3d_ep2_trainable_recompute-none_graph-none_2gpu", 2, [*SHAPE_30B, "parallelism=3d"]),
+        Case("30b-shape-l4_fsdp_ep1_trainable_recompute-none_graph-none_1gpu", 1, SHAPE_30B_10),
+        Case("30b-shape-l4_fsdp_ep1_frozen_recompute-none_graph-none_1gpu", 1, [*SHAPE_30B_10, "vision=frozen"]),
+        Case("30b-shape-l4_fsdp_ep2_trainable_recompute-none_graph-none_2gpu", 2, SHAPE_30B_10),
+        Case("30b-shape-l4_3d_ep2_trainable_recompute-none_graph-none_2gpu", 2, [*SHAPE_30B_10, "parallelism=3d"]),
     ],
 }
 
@@ -83,32 +91,21 @@ def overrides(case: Case, dry_run: bool = False) -> list[str]:
 
 
 def command(case: Case, run_dir: Path, dry_run: bool = False) -> list[str]:
-    return [sys.executable, str(ROOT / "train.py"), *overrides(case, dry_run), f"hydra.run.dir={run_dir}"]
+    return runner.argv(overrides(case, dry_run), run_dir)
+
+
+def start(case: Case, run_dir: Path, gpus: list[int] | None = None) -> runner.Run:
+    """The case's run in a fresh run_dir (on the GPUs `gpus` where given)."""
+    return runner.start(overrides(case), run_dir, gpus=gpus, fresh=True)
 
 
 def run_batch(cases: list[Case], out: Path, gpus: int) -> list[tuple[Case, int, Path, float]]:
     """Start cases side by side on disjoint GPU slots; wait for all."""
-    procs, next_gpu = [], 0
+    runs, next_gpu = [], 0
     for case in cases:
-        run_dir = out / case.name
-        shutil.rmtree(run_dir, ignore_errors=True)  # a re-run (e.g. of a failed case) must not append to old files
-        run_dir.mkdir(parents=True)
-        env = dict(
-            os.environ,
-            CUDA_VISIBLE_DEVICES=",".join(str(next_gpu + i) for i in range(case.gpus)),
-            MASTER_PORT=str(29500 + next_gpu * 10),
-        )
+        runs.append((case, start(case, out / case.name, list(range(next_gpu, next_gpu + case.gpus)))))
         next_gpu += case.gpus
-        log = (run_dir / "train.log").open("w")
-        procs.append(
-            (
-                case,
-                subprocess.Popen(command(case, run_dir), stdout=log, stderr=subprocess.STDOUT, env=env),
-                run_dir,
-                time.time(),
-            )
-        )
-    return [(c, p.wait(), d, time.time() - t0) for c, p, d, t0 in procs]
+    return [(c, r.wait(), r.run_dir, r.wall_s()) for c, r in runs]
 
 
 def batches(cases: list[Case], gpus: int) -> list[list[Case]]:
@@ -145,7 +142,7 @@ def record(case: Case, rc: int, run_dir: Path, wall: float, results_path: Path, 
     summary = run_summary.summarize(run_dir, keys=run_summary.SUMMARY_KEYS)  # headline, per-component seconds and FLOPs
     checks_file = run_dir / "checks.json"
     checks = json.loads(checks_file.read_text()) if checks_file.exists() else {}
-    cmd = "python train.py " + " ".join(overrides(case))
+    cmd = runner.recorded(overrides(case))
     status = "ok" if rc == 0 and summary else f"failed (rc={rc})"
     print(f"[cases] {case.name}: {status} in {wall:.0f}s {json.dumps(summary)}", flush=True)
     if status != "ok":

@@ -17,12 +17,12 @@ import os
 import random
 import re
 import statistics
-import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
+
+from vlmtrain.lab import runner
 
 BRIDGE_ALONE = "vlmtrain.lab.bridge_alone"
 """The torchrun module of side (b)."""
@@ -62,6 +62,10 @@ def profiled_iterations(overrides: list[str]) -> frozenset[int]:
     return frozenset() if n is None else frozenset({n - 1, n, n + 1})
 
 
+PORT = "29500"
+"""(b)'s MASTER_PORT: its runs never share the node with another."""
+
+
 def direct_command(run_config: Path, gpus: int, port: str) -> list[str]:
     """torchrun exactly as vlmtrain.launch.local starts vlmtrain.worker, with the direct module instead."""
     return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={gpus}", "--nnodes=1",
@@ -86,15 +90,9 @@ def run_direct(source: Path, run_dir: Path, gpus: int) -> tuple[int, float]:
     from vlmtrain.config.groups import hardware
 
     run_config = direct_run_config(source, run_dir)
-    run = load_run(run_config)
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(map(str, range(gpus))), MASTER_PORT="29500")
-    env.update({k: v for k, v in hardware.runtime_env(run).items() if k not in os.environ})
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    t0 = time.time()
-    with (run_dir / "train.log").open("w") as log:
-        rc = subprocess.call(direct_command(run_config, gpus, env["MASTER_PORT"]), stdout=log,
-                             stderr=subprocess.STDOUT, env=env)
-    return rc, time.time() - t0
+    env = {k: v for k, v in hardware.runtime_env(load_run(run_config)).items() if k not in os.environ}
+    run = runner.spawn(direct_command(run_config, gpus, PORT), run_dir, env=env, gpus=range(gpus), port=int(PORT))
+    return run.wait(), run.wall_s()
 
 
 # 97.5 % quantiles of Student's t by degrees of freedom (scipy.stats.t.ppf(0.975, df), as a table so that the GPU

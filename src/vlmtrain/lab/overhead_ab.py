@@ -30,6 +30,7 @@ from vlmtrain.lab import store
 from vlmtrain.lab.cases import ROOT, Case
 from vlmtrain.lab.overhead import (
     ITERATIONS,
+    PORT,
     SKIP,
     direct_command,
     direct_run_config,
@@ -58,7 +59,7 @@ def dry_run(case: Case, out: Path) -> int:
     run = compose(run_cases.overrides(case), output_dir=str(out / "vlmtrain"))
     run_config = direct_run_config(local.save_run_config(run), out / "direct")
     print("(a)", " ".join(run_cases.command(case, out / "pairN_vlmtrain")))
-    print("(b)", " ".join(direct_command(run_config, case.gpus, "29500")))
+    print("(b)", " ".join(direct_command(run_config, case.gpus, PORT)))
     return direct_pretrain.main([str(run_config), "--dry-run"])
 
 
@@ -141,7 +142,7 @@ def main(spec: Spec, args: argparse.Namespace) -> int:
         # one row per pair as it finishes (a command cut short keeps its pairs); the last one pools them
         metrics = overhead_metrics([pair])
         store.append(args.results, name, f"{cmd} (pair {i})", metrics, config=run_cases.overrides(case),
-                       direct=" ".join(direct_command(Path("<run dir>/run_config.yaml"), case.gpus, "29500")),
+                       direct=" ".join(direct_command(Path("<run dir>/run_config.yaml"), case.gpus, PORT)),
                        pairs_detail=[pair])
         print(f"[overhead] pair {i} ({pair['order']}): {metrics}", flush=True)
     print(f"[overhead] {pool(name, args.pairs, args.results, cmd)['metrics']}")

@@ -104,7 +104,9 @@ class Knob:
 
 
 @dataclass(frozen=True)
-class Case:
+class SpecCase:
+    """A spec's case: its knob values, the overrides they make and the name they give."""
+
     name: str
     values: dict[str, Any]
     overrides: list[str]
@@ -149,7 +151,7 @@ class Spec:
             raise SpecError(f"{self.name}: unknown knob {unknown[0]!r} (knobs: {', '.join(self.knobs)})")
         return {**self.defaults, **entry}
 
-    def case(self, entry: dict[str, Any]) -> Case:
+    def case(self, entry: dict[str, Any]) -> SpecCase:
         """The case of `entry` (knob -> value, over the defaults)."""
         values = self.values(entry)
         parts = [p for k, knob in self.knobs.items() for p in knob.name_parts(values.get(k))]
@@ -158,7 +160,7 @@ class Spec:
         for k, knob in self.knobs.items():
             if knob.mbs_as_capacity and values.get(k) is True:
                 overrides = mbs_as_capacity(overrides, k, **knob.mbs_as_capacity)
-        return Case(name, values, overrides)
+        return SpecCase(name, values, overrides)
 
     def entries(self, sweep: str) -> list[dict[str, Any]]:
         """A sweep's cases as knob -> value mappings (grids expanded in order)."""
@@ -173,10 +175,10 @@ class Spec:
                 out.append({**fixed, **dict(zip(grid, combo, strict=True))})
         return out
 
-    def expand(self, sweeps: list[str], only: list[str] | None = None) -> list[Case]:
+    def expand(self, sweeps: list[str], only: list[str] | None = None) -> list[SpecCase]:
         """The cases of the named sweeps ("all": every sweep), in order, each once (sweeps share cases)."""
         names = list(self.get("sweeps") or {}) if "all" in sweeps else sweeps
-        seen: dict[str, Case] = {}
+        seen: dict[str, SpecCase] = {}
         for sweep in names:
             for entry in self.entries(sweep):
                 case = self.case(entry)

@@ -24,17 +24,17 @@ from typing import Any
 from vlmtrain.lab import cases as run_cases
 from vlmtrain.lab import repeats, store, sweep_report
 from vlmtrain.lab.cases import ROOT
-from vlmtrain.lab.spec import Case, Spec
+from vlmtrain.lab.spec import Spec, SpecCase
 from vlmtrain.lab.tune import trials
 
 
-def as_run_case(spec: Spec, case: Case, iterations: int) -> run_cases.Case:
+def as_run_case(spec: Spec, case: SpecCase, iterations: int) -> run_cases.Case:
     """The case as benchmark rows record it: every override of `python train.py`, the GPUs it holds."""
     return run_cases.Case(case.name, int(spec.get("gpus", 1)),
                           [*spec.base, *case.overrides, f"train.iterations={iterations}"])
 
 
-def table(spec: Spec, cases: list[Case], status: dict[str, str] | None = None) -> str:
+def table(spec: Spec, cases: list[SpecCase], status: dict[str, str] | None = None) -> str:
     """One line per case: the layout and the batch arithmetic (grad-accum = GBS / (MBS x DP))."""
     from vlmtrain.config import world
     from vlmtrain.config.compose import compose
@@ -51,7 +51,7 @@ def table(spec: Spec, cases: list[Case], status: dict[str, str] | None = None) -
     return "\n".join(lines)
 
 
-def dry_run(spec: Spec, cases: list[Case], out: Path) -> dict[str, str]:
+def dry_run(spec: Spec, cases: list[SpecCase], out: Path) -> dict[str, str]:
     """What `python train.py <case> dry_run=true` does (preflight, build, Bridge's runtime_config_update for the
     declared world), in this one process so Bridge is imported once."""
     from vlmtrain.build import plan
@@ -84,7 +84,7 @@ def mock_ratio_row(spec: Spec, ran: set[str], results_path: Path, command: str) 
                           config={"real": real["config"], "mock": mock["config"]})
 
 
-def run_case(spec: Spec, case: Case, args: argparse.Namespace, trial_dir: Path | None = None,
+def run_case(spec: Spec, case: SpecCase, args: argparse.Namespace, trial_dir: Path | None = None,
              **extra: Any) -> dict[str, Any] | None:
     """One case through the trial runner (no early stopping: every case is measured), its row appended."""
     rc_case = as_run_case(spec, case, args.iterations)
@@ -96,7 +96,7 @@ def run_case(spec: Spec, case: Case, args: argparse.Namespace, trial_dir: Path |
                             config=run_cases.overrides(rc_case), runner=args.runner, **extra)
 
 
-def pending(cases: list[Case], args: argparse.Namespace, lease: str) -> list[tuple[Case, int]]:
+def pending(cases: list[SpecCase], args: argparse.Namespace, lease: str) -> list[tuple[SpecCase, int]]:
     """(case, run number) still to run on this lease: each case's runs up to --repeats, the recorded ones left out.
     Runs alternate between cases (every case's run 1, then run 2, ...): drift on the lease touches each case alike,
     and a budget cut leaves every case with about as many runs."""

@@ -9,25 +9,24 @@ The check: run A trains uninterrupted; run B, the same command with its own chec
 checkpoint N is the tracker's and the next one's iter dir holds data bytes but no train_state.pt (being written),
 then its whole process tree is SIGKILLed. Then the tracker must still name N, Bridge's loader must pick iter_N (its
 own `_load_base_checkpoint`, rank 0's read), and the relaunched command must resume from N (its first step is N)
-with A's losses (resume_check's tolerance) and samples. A missed window (the save finished before the kill landed,
-or run B trained to its end without a write seen) is tried again with a fresh run, ATTEMPTS in all; a run B that
-fails or times out ends the check with its rc. The row says whether the kill landed, and partial_bytes against
-complete_bytes (run A's same checkpoint) whether it landed during the data write or after it, before finalize.
+with A's losses (vlmtrain.lab.checks.resume's tolerance) and samples. A missed window (the save finished before the
+kill landed, or run B trained to its end without a write seen) is tried again with a fresh run, ATTEMPTS in all; a
+run B that fails or times out ends the check with its rc. The row says whether the kill landed, and partial_bytes
+against complete_bytes (run A's same checkpoint) whether it landed during the data write or after it, before
+finalize.
 """
 
 from __future__ import annotations
 
 import shutil
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
+from vlmtrain.lab import runner
 from vlmtrain.lab.checks.resume import (
     TOLERANCE,
-    command,
     data_position,
-    kill_tree,
     launch,
     losses,
     max_loss_diff,
@@ -59,7 +58,7 @@ def data_bytes(d: Path) -> int:
     return sum(p.stat().st_size for p in d.rglob("*") if p.is_file())
 
 
-def watch(proc: subprocess.Popen, ckpt: Path, deadline: float) -> dict[str, int] | None:
+def watch(proc: runner.Run, ckpt: Path, deadline: float) -> dict[str, int] | None:
     """Poll (2 ms) until the iter dir of a checkpoint newer than the tracker's holds data but no train_state.pt;
     what was seen then, or None when the run ended or the deadline passed first."""
     while time.time() < deadline and proc.poll() is None:
@@ -113,13 +112,13 @@ def kill_mid_checkpoint(out: Path, mode: str, gpu: int = 0) -> tuple[bool, dict[
             say(f"attempt {attempt}: run B started, watching {ckpt}")
             seen = watch(run_b, ckpt, time.time() + TIMEOUT_S)
             ended = run_b.poll()  # None: still running (watched it to the deadline)
-            metrics |= {"attempts": attempt, "processes_killed": kill_tree(run_b), "rc_killed_run": ended}
+            metrics |= {"attempts": attempt, "processes_killed": run_b.kill(), "rc_killed_run": ended}
             if seen is None:
                 say(f"attempt {attempt}: no checkpoint write seen in progress (run B rc {ended})")
                 if ended != 0:  # it failed, or did not get through its checkpoints in time: a retry would too
                     metrics["reason"] = (f"run B {'failed' if ended else 'timed out'} (rc {ended}) before a "
                                          f"checkpoint write was seen: {killed_dir / 'train.log'}")
-                    return False, metrics, command(b_args)
+                    return False, metrics, runner.recorded(b_args)
                 continue
             metrics |= seen | partial_state(iter_dirs(ckpt)[seen["target_step"]])
             landed = tracker(ckpt) == seen["tracker_at_kill"] and not metrics["partial_has_train_state"]
@@ -130,7 +129,7 @@ def kill_mid_checkpoint(out: Path, mode: str, gpu: int = 0) -> tuple[bool, dict[
         metrics["kill_landed_mid_write"] = landed
         if not landed:
             metrics["reason"] = f"no kill landed mid-write in {ATTEMPTS} attempts"
-            return False, metrics, command(b_args)
+            return False, metrics, runner.recorded(b_args)
         n = seen["tracker_at_kill"]
         metrics["tracker_after_kill"] = tracker(ckpt)
         metrics |= bridge_pick(ckpt, "fsdp_dtensor" if parallelism == "fsdp" else "torch_dist")
@@ -138,8 +137,8 @@ def kill_mid_checkpoint(out: Path, mode: str, gpu: int = 0) -> tuple[bool, dict[
         resumed_dir = out / "b_resumed"
         run_r = launch(b_args, resumed_dir, gpu)
         procs.append(run_r)
-        metrics["rc_resumed"] = run_r.wait(timeout=TIMEOUT_S)
-        metrics["rc_uninterrupted"] = run_a.wait(timeout=TIMEOUT_S)
+        metrics["rc_resumed"] = run_r.wait(TIMEOUT_S)
+        metrics["rc_uninterrupted"] = run_a.wait(TIMEOUT_S)
         la, lr = losses(out / "a"), losses(resumed_dir)
         whole = iter_dirs(out / "ckpt_a").get(seen["target_step"])  # the same checkpoint, complete, in run A
         metrics["complete_bytes"] = data_bytes(whole) if whole else None  # partial_bytes < it: killed mid-data
@@ -165,12 +164,12 @@ def kill_mid_checkpoint(out: Path, mode: str, gpu: int = 0) -> tuple[bool, dict[
         if ok:  # ~1 GiB (estimated) per checkpoint, 4 per run: a passed mode's go, a failed one's stay to be looked at
             for d in out.glob("ckpt_*"):
                 shutil.rmtree(d)
-        return ok, metrics, command(b_args)
+        return ok, metrics, runner.recorded(b_args)
     except Exception as e:  # noqa: BLE001 - any failure is the row's reason, never a crash without a row
         metrics["reason"] = f"{type(e).__name__}: {e}"
-        return False, metrics, command(b_args)
+        return False, metrics, runner.recorded(b_args)
     finally:
         for p in procs:
             if p.poll() is None:
-                kill_tree(p)
+                p.kill()
 

@@ -21,18 +21,16 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-from vlmtrain.lab import repeats, store
+from vlmtrain.lab import cases, repeats, runner, store
 from vlmtrain.lab.runner import ROOT
 from vlmtrain.observe import run_summary
 
 OUT = ROOT / "outputs" / "precision"
-BASE = ["model=qwen3_vl_30b_a3b", "model.num_layers=4", "data=realistic", "train.micro_batch_size=1",
-        "train.global_batch_size=1", "gpus_per_node=1", "wandb.enabled=false"]
+BASE = [*cases.SHAPE_30B, "train.micro_batch_size=1", "train.global_batch_size=1", "gpus_per_node=1",
+        "wandb.enabled=false"]
 RECIPES = {"bf16": ["precision=bf16"], "fp8-tensorwise": ["precision=fp8"],
            "fp8-blockwise": ["precision=fp8", "precision.scaling=blockwise"],
            "fp8-delayed": ["precision=fp8", "precision.scaling=delayed"]}
@@ -51,17 +49,12 @@ def next_index(mode: str, recipe: str) -> int:
 
 def run_case(mode: str, recipe: str) -> dict[str, object]:
     i = next_index(mode, recipe)
-    run_dir = OUT / store.lease() / mode / f"{recipe}-{i}"
     overrides = [*BASE, *RECIPES[recipe], f"train.iterations={STEPS[mode]}"]
-    cmd = [sys.executable, str(ROOT / "train.py"), *overrides, f"hydra.run.dir={run_dir}"]
-    run_dir.mkdir(parents=True, exist_ok=True)
-    t0 = time.time()
-    with (run_dir / "train.log").open("wb") as log:
-        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                            env=dict(os.environ, PYTHONUNBUFFERED="1")).returncode
-    meta = {"mode": mode, "recipe": recipe, "i": i, "rc": rc, "wall_s": round(time.time() - t0, 1),
-            "command": "python train.py " + " ".join(overrides), "machine": store.machine(), "lease": store.lease()}
-    (run_dir / "case.json").write_text(json.dumps(meta))
+    run = runner.start(overrides, OUT / store.lease() / mode / f"{recipe}-{i}")
+    rc = run.wait()
+    meta = {"mode": mode, "recipe": recipe, "i": i, "rc": rc, "wall_s": round(run.wall_s(), 1),
+            "command": runner.recorded(overrides), "machine": store.machine(), "lease": store.lease()}
+    (run.run_dir / "case.json").write_text(json.dumps(meta))
     print(f"[precision] {mode} {recipe} #{i}: rc {rc}, {meta['wall_s']} s", flush=True)
     return meta
 

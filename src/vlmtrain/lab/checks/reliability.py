@@ -1,6 +1,10 @@
 """The GPU reliability checks (issue 25, items 2, 4 and 5): each runs a real tiny `python train.py` on one GPU and
-returns (passed, metrics) from what the run wrote. vlmtrain.lab.checks.reliability_check runs them all and appends a row
-per check to results/reliability.jsonl; tests/gpu/test_reliability.py asserts the same checks.
+returns (passed, metrics) from what the run wrote. This module's command runs them and appends a row per check to
+results/reliability.jsonl (a check that raises still writes its row, with the reason); tests/gpu/test_reliability.py
+asserts the same checks.
+
+    python -m vlmtrain.lab.checks.reliability [--only secrets,oom] [--out outputs/reliability]
+    python -m vlmtrain.lab.checks.reliability --only kill_ckpt_3d,kill_ckpt_3d_async    # ~3-4 min on one H200
 
 - secrets: planted env secrets (WANDB_API_KEY, HF_TOKEN, HUGGING_FACE_HUB_TOKEN) and `+bridge.logger.*` overrides
   holding them, 4 steps with a checkpoint every 2; every file of the run dir and the checkpoint dir (Bridge's
@@ -21,19 +25,20 @@ per check to results/reliability.jsonl; tests/gpu/test_reliability.py asserts th
 
 from __future__ import annotations
 
-import os
-import subprocess
+import argparse
+import json
 import sys
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+from vlmtrain.lab import cases, runner, store
 from vlmtrain.lab.checks.kill_checkpoint import MODES, kill_mid_checkpoint
-from vlmtrain.lab.checks.resume import ROOT, command
+from vlmtrain.lab.runner import ROOT
 from vlmtrain.observe import failure, run_summary, timing
 
-TINY = ["model=tiny", "gpus_per_node=1", "dry_run=false", "train.global_batch_size=2", "train.micro_batch_size=1"]
+TINY_RUN = [*cases.TINY, "gpus_per_node=1", "dry_run=false", "train.global_batch_size=2", "train.micro_batch_size=1"]
 SECRETS = {"WANDB_API_KEY": "wandb-gpu-planted-7d6c5b4a", "HF_TOKEN": "hf_gpuPlantedToken3e2d1c",
            "HUGGING_FACE_HUB_TOKEN": "hfhub-gpu-planted-9f8e7d"}
 SECRET_OVERRIDES = ["+bridge.logger.wandb_exp_name=exp-${oc.env:HF_TOKEN}",
@@ -42,18 +47,15 @@ NAN_INIT = "+bridge.model.init_method_std=1e20"
 
 
 def train(run_dir: Path, overrides: list[str], env: dict[str, str] | None = None) -> tuple[int, str]:
-    """`python train.py <overrides>` into run_dir; (exit status, its output)."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, str(ROOT / "train.py"), *overrides, f"hydra.run.dir={run_dir}"]
-    proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
-                          capture_output=True, text=True)
-    (run_dir / "console.txt").write_text(proc.stdout + proc.stderr)
-    return proc.returncode, proc.stdout + proc.stderr
+    """`python train.py <overrides>` into run_dir, its output in run_dir/console.txt; (exit status, its output)."""
+    run = runner.start(overrides, run_dir, log=run_dir / "console.txt", env=env)
+    rc = run.wait()
+    return rc, run.log.read_text(errors="replace")
 
 
 def secrets(out: Path) -> tuple[bool, dict[str, Any], str]:
     ckpt = out / "secrets_ckpt"
-    overrides = [*TINY, "train.iterations=4", "train.save_interval=2", f"train.checkpoint_dir={ckpt}",
+    overrides = [*TINY_RUN, "train.iterations=4", "train.save_interval=2", f"train.checkpoint_dir={ckpt}",
                  "wandb.mode=offline", *SECRET_OVERRIDES]
     rc, output = train(out / "secrets", overrides, SECRETS)
     files = [p for root in (out / "secrets", ckpt) for p in root.rglob("*") if p.is_file()]
@@ -63,11 +65,11 @@ def secrets(out: Path) -> tuple[bool, dict[str, Any], str]:
     redacted = bool(configs) and all("<redacted>" in p.read_text() for p in configs)
     metrics = {"rc": rc, "files_searched": len(files), "checkpoint_run_configs": len(configs),
                "checkpoint_configs_redacted": redacted, "leaks": {k: v for k, v in hits.items() if v}}
-    return rc == 0 and redacted and not metrics["leaks"], metrics, command(overrides)
+    return rc == 0 and redacted and not metrics["leaks"], metrics, runner.recorded(overrides)
 
 
 def nonfinite_stop(out: Path, mode: str = "stop") -> tuple[bool, dict[str, Any], str]:
-    overrides = [*TINY, "train.iterations=3", "wandb.enabled=false", NAN_INIT, f"train.on_nonfinite={mode}"]
+    overrides = [*TINY_RUN, "train.iterations=3", "wandb.enabled=false", NAN_INIT, f"train.on_nonfinite={mode}"]
     run_dir = out / ("nonfinite_stop" if mode == "stop" else f"nonfinite_{mode}")
     rc, output = train(run_dir, overrides)
     recs = failure.read(run_dir)
@@ -79,21 +81,21 @@ def nonfinite_stop(out: Path, mode: str = "stop") -> tuple[bool, dict[str, Any],
     ok = (rc == failure.EXIT["nonfinite"] and rec.get("kind") == "nonfinite" and rec.get("step") == 0 and bool(ids)
           and all(isinstance(i, int) for i in ids) and rec.get("last_checkpoint") == "none"
           and metrics["paragraph_in_log"])
-    return ok, metrics, command(overrides)
+    return ok, metrics, runner.recorded(overrides)
 
 
 def nonfinite_skip(out: Path) -> tuple[bool, dict[str, Any], str]:
-    overrides = [*TINY, "train.iterations=3", "wandb.enabled=false", NAN_INIT, "train.on_nonfinite=skip"]
+    overrides = [*TINY_RUN, "train.iterations=3", "wandb.enabled=false", NAN_INIT, "train.on_nonfinite=skip"]
     rc, _ = train(out / "nonfinite_skip", overrides)
     rows = run_summary.read_jsonl(out / "nonfinite_skip" / "metrics.jsonl")
     skipped = [r.get("skipped_steps") for r in rows]
     metrics = {"rc": rc, "steps": len(rows), "skipped_steps": skipped,
                "records": len(failure.read(out / "nonfinite_skip"))}
-    return rc == 0 and len(rows) == 3 and skipped == [1, 2, 3], metrics, command(overrides)
+    return rc == 0 and len(rows) == 3 and skipped == [1, 2, 3], metrics, runner.recorded(overrides)
 
 
 def oom(out: Path) -> tuple[bool, dict[str, Any], str]:
-    overrides = [*TINY, "train.micro_batch_size=256", "train.global_batch_size=256", "train.iterations=2",
+    overrides = [*TINY_RUN, "train.micro_batch_size=256", "train.global_batch_size=256", "train.iterations=2",
                  "data.pad_to_max_length=true", "wandb.enabled=false", "preflight.ignore=[memory_fits]"]
     rc, output = train(out / "oom", overrides)
     recs = failure.read(out / "oom")
@@ -103,7 +105,7 @@ def oom(out: Path) -> tuple[bool, dict[str, Any], str]:
                "paragraph_in_log": "STOPPED: out of memory" in output}
     components = (*timing.COMPONENTS, timing.OTHER)
     ok = rc == failure.EXIT["oom"] and rec.get("kind") == "oom" and rec.get("component") in components
-    return ok and "train.micro_batch_size" in (rec.get("advice") or ""), metrics, command(overrides)
+    return ok and "train.micro_batch_size" in (rec.get("advice") or ""), metrics, runner.recorded(overrides)
 
 
 CHECKS: dict[str, Callable[[Path], tuple[bool, dict[str, Any], str]]] = {
@@ -111,3 +113,30 @@ CHECKS: dict[str, Callable[[Path], tuple[bool, dict[str, Any], str]]] = {
     "nonfinite_stop_at_step_end": partial(nonfinite_stop, mode="stop_at_step_end"), "nonfinite_skip": nonfinite_skip,
     "oom": oom,
     **{f"kill_ckpt_{mode}": partial(kill_mid_checkpoint, mode=mode) for mode in MODES}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", default=",".join(CHECKS))
+    ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "reliability")
+    ap.add_argument("--results", type=Path, default=ROOT / "results" / "reliability.jsonl")
+    a = ap.parse_args(argv)
+    names = a.only.split(",")
+    if unknown := [n for n in names if n not in CHECKS]:
+        ap.error(f"unknown check(s) {unknown}: --only takes a comma-separated list of {', '.join(CHECKS)}")
+    ok = True
+    for name in names:
+        print(f"[reliability] {name} ...", flush=True)
+        try:
+            passed, metrics, cmd = CHECKS[name](a.out)
+        except Exception as e:  # noqa: BLE001 - a failing check is a row with its reason, not a crash without one
+            passed, metrics, cmd = False, {"reason": f"{type(e).__name__}: {e}"}, "(the check raised before its run)"
+        store.append(a.results, f"reliability_{name}_tiny_1gpu", cmd, {**metrics, "passed": passed},
+                       runner=f"python -m vlmtrain.lab.checks.reliability --only {name}")
+        print(json.dumps({"check": name, "passed": passed, **metrics}, default=str), flush=True)
+        ok &= passed
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

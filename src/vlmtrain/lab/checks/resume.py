@@ -1,20 +1,32 @@
-"""Kill a real `python train.py` run and relaunch it (vlmtrain.lab.checks.resume_check, the kill-mid-checkpoint check of
-vlmtrain.lab.checks.kill_checkpoint): the run's overrides, its launch in a run dir of its own, SIGKILL of its
-whole process tree, and what a killed, preempted (vlmtrain.lab.checks.slurm_preempt) or resumed run is compared
-by (losses, the data position)."""
+"""Kill -9 a GPU run mid-training, relaunch the same command, and compare its losses with an uninterrupted run; and
+what the other checks that kill or preempt a real run share (vlmtrain.lab.checks.kill_checkpoint,
+vlmtrain.lab.checks.slurm_preempt): the run's overrides, its launch in a run dir of its own, the losses and the data
+position a killed, preempted or resumed run is compared by.
+
+    python -m vlmtrain.lab.checks.resume --parallelism fsdp --gpu 0     # Megatron-FSDP, fsdp_dtensor checkpoints
+    python -m vlmtrain.lab.checks.resume --parallelism 3d --gpu 1       # 3D, torch_dist checkpoints
+    python -m vlmtrain.lab.checks.resume --parallelism fsdp --packed    # packed (data.packing=1024)
+
+Run A trains 12 steps uninterrupted. Run B is the same command with its own checkpoint_dir: its whole process tree
+is SIGKILLed (vlmtrain.lab.runner.kill_tree) once it has checkpointed step 4 and logged step 6, then relaunched
+unchanged; it must resume from the checkpoint and reproduce A's losses. Appends one row to results/resume.jsonl.
+
+The data position too: every run writes samples.jsonl (the sample indices of each step's micro-batches, per
+data-parallel rank). B's steps before its checkpoint (from the killed run) and from the checkpoint on (from the
+resumed run) must be exactly A's: the same samples at every step, none twice and none skipped. With --packed
+the row goes to results/reliability.jsonl (issue 25's data-position check).
+"""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import subprocess
+import argparse
+import json
 import sys
-import zlib
+import time
 from pathlib import Path
 
-import psutil
-
+from vlmtrain.lab import runner, store
+from vlmtrain.lab.cases import TINY
 from vlmtrain.lab.runner import ROOT
 from vlmtrain.observe import run_summary
 
@@ -29,7 +41,7 @@ def overrides(parallelism: str, ckpt: Path, packed: bool = False, iterations: in
               save_interval: int = 4) -> list[str]:
     return [
         *([f"data.packing={PACKING}", "train.micro_batch_size=1"] if packed else []),
-        "model=tiny",
+        *TINY,
         f"parallelism={parallelism}",
         f"train.iterations={iterations}",
         f"train.save_interval={save_interval}",
@@ -41,25 +53,9 @@ def overrides(parallelism: str, ckpt: Path, packed: bool = False, iterations: in
     ]
 
 
-def command(args: list[str]) -> str:
-    """The run's command as a results row records it."""
-    return "python train.py " + " ".join(args)
-
-
-def launch(args: list[str], run_dir: Path, gpu: int) -> subprocess.Popen:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    # A port of its own per run directory: several checks may share a node (two did collide on one port).
-    port = 20000 + zlib.crc32(str(run_dir).encode()) % 20000
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(gpu), MASTER_PORT=str(port), PYTHONUNBUFFERED="1")
-    log = (run_dir / "train.log").open("w")
-    return subprocess.Popen(
-        [sys.executable, str(ROOT / "train.py"), *args, f"hydra.run.dir={run_dir}"],
-        cwd=ROOT,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=env,
-        start_new_session=True,
-    )
+def launch(args: list[str], run_dir: Path, gpu: int) -> runner.Run:
+    """The run on GPU `gpu` in run_dir (vlmtrain.lab.runner: a port of its own, its own process group)."""
+    return runner.start(args, run_dir, gpus=[gpu])
 
 
 def losses(run_dir: Path) -> dict[int, float]:
@@ -100,22 +96,74 @@ def data_position(a: dict, killed: dict, resumed: dict, checkpoint_step: int | N
             "same_samples_overall": ids(a) == ids(b) and bool(a)}
 
 
-def kill_tree(proc: subprocess.Popen) -> int:
-    """SIGKILL the launcher, torchrun, every rank and their helpers (an async checkpoint writer included): what a
-    node failure or `kill -9` does. The tree is frozen first (SIGSTOP, until a fresh look finds no new process:
-    a stopped process cannot fork, and a killed parent's children would move to init), then killed at once.
-    Returns how many processes were killed."""
-    tree: dict[int, psutil.Process] = {}
-    with contextlib.suppress(psutil.NoSuchProcess):  # it may have died on its own: the check then fails later
-        root = psutil.Process(proc.pid)
-        while new := {p.pid: p for p in [root, *root.children(recursive=True)] if p.pid not in tree}:
-            for p in new.values():
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    p.send_signal(signal.SIGSTOP)
-            tree |= new
-    for p in tree.values():
-        with contextlib.suppress(psutil.NoSuchProcess):
-            p.send_signal(signal.SIGKILL)
-    psutil.wait_procs([p for p in tree.values() if p.pid != proc.pid], timeout=30)
-    proc.wait()  # Popen reaps its own child: psutil reaping it would leave returncode 0 instead of -9
-    return len(tree)
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--parallelism", choices=["fsdp", "3d"], required=True)
+    ap.add_argument("--gpu", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "resume")
+    ap.add_argument("--packed", action="store_true",
+                    help=f"data.packing={PACKING} (MBS 1, GBS 8 rows); the row goes to reliability.jsonl")
+    ap.add_argument("--results", type=Path, default=None, help="default: results/resume.jsonl "
+                    "(results/reliability.jsonl with --packed)")
+    a = ap.parse_args(argv)
+    a.results = a.results or ROOT / "results" / ("reliability.jsonl" if a.packed else "resume.jsonl")
+    tag = f"{a.parallelism}_packed" if a.packed else a.parallelism
+    out = a.out / tag
+    run_a = launch(overrides(a.parallelism, out / "ckpt_a", a.packed), out / "a", a.gpu)
+    b_args = overrides(a.parallelism, out / "ckpt_b", a.packed)
+    run_b = launch(b_args, out / "b_killed", a.gpu)
+    deadline = time.time() + 400
+    while time.time() < deadline and run_b.poll() is None:
+        if tracker(out / "ckpt_b") is not None and max(losses(out / "b_killed"), default=-1) >= 5:
+            break
+        time.sleep(0.5)
+    killed_at = max(losses(out / "b_killed"), default=-1)
+    run_b.kill()
+    resumed_from = tracker(out / "ckpt_b")
+    rc_b = launch(b_args, out / "b_resumed", a.gpu).wait()
+    rc_a = run_a.wait()
+    la, lk, lr = losses(out / "a"), losses(out / "b_killed"), losses(out / "b_resumed")
+    diff = max_loss_diff(la, lr)
+    position = data_position(samples(out / "a"), samples(out / "b_killed"), samples(out / "b_resumed"), resumed_from)
+    ok = rc_a == 0 and rc_b == 0 and resumed_from is not None and diff <= TOLERANCE and min(lr) > 0 \
+        and not position["sample_steps_mismatched"] and position["same_samples_overall"]
+    cmd = runner.recorded(b_args)
+    store.append(
+        a.results,
+        f"resume_{tag}_tiny_1gpu",
+        cmd,
+        {
+            "killed_after_step": killed_at,
+            "checkpoint_step": resumed_from,
+            "first_step_after_resume": min(lr, default=None),
+            "max_abs_loss_diff": diff,
+            "tolerance": TOLERANCE,
+            **position,
+            "passed": bool(ok),
+        },
+        losses_uninterrupted=la,
+        losses_before_kill=lk,
+        losses_after_resume=lr,
+        runner=f"python -m vlmtrain.lab.checks.resume --parallelism {a.parallelism} --gpu {a.gpu}"
+        + (" --packed" if a.packed else ""),
+    )
+    print(
+        json.dumps(
+            {
+                "parallelism": a.parallelism,
+                "ok": bool(ok),
+                "diff": diff,
+                "resumed_from": resumed_from,
+                **position,
+                "killed_at": killed_at,
+                "a": la,
+                "resumed": lr,
+            }
+        ),
+        flush=True,
+    )
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

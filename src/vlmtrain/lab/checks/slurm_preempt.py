@@ -1,6 +1,11 @@
 """Issue 25 item 1: a real training job through `python train.py -m hydra/launcher=slurm` on a real Slurm with the
-real GPU as gres (scripts/device/slurm_start.sh), preempted mid-run and resumed. vlmtrain.lab.checks.slurm_preempt_check
-runs it and appends the row to results/reliability.jsonl; tests/gpu/test_slurm_preempt_gpu.py asserts the same.
+real GPU as gres (scripts/device/slurm_start.sh), preempted mid-run and resumed; this module's command appends the
+row to results/reliability.jsonl, tests/gpu/test_slurm_preempt_gpu.py asserts the same.
+
+    bash scripts/device/slurm_start.sh && export PATH=/tmp/slurm-root/bin:$PATH
+    python -m vlmtrain.lab.checks.slurm_preempt --case tiny            # the plumbing, ~2 min
+    python -m vlmtrain.lab.checks.slurm_preempt --case 30b --only reference   # then, in the next call:
+    python -m vlmtrain.lab.checks.slurm_preempt --case 30b --only preempt
 
 - reference: the same training uninterrupted, run directly (`python train.py`, no checkpoints): cheaper than a
   second Slurm job, and the losses do not depend on the launcher.
@@ -20,11 +25,11 @@ that much free space (plus a margin) before any GPU work, naming the fix.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -32,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vlmtrain.lab import cases, runner, store
 from vlmtrain.lab.checks.resume import TOLERANCE, losses, max_loss_diff, tracker
 from vlmtrain.lab.runner import ROOT
 from vlmtrain.observe import run_summary
@@ -42,7 +48,7 @@ SAMPLES = ("train.micro_batch_size=1", "train.global_batch_size=2")  # 2 micro-b
 
 
 @dataclass(frozen=True)
-class Case:
+class PreemptCase:
     """One model size of the check: its overrides and how many steps run before the signal and in all."""
 
     name: str
@@ -52,20 +58,20 @@ class Case:
 
 
 CASES = {
-    "30b": Case("qwen3_vl_30b_a3b_l4", ("model=qwen3_vl_30b_a3b", "model.num_layers=4", "data=realistic"), 8, 3),
+    "30b": PreemptCase("qwen3_vl_30b_a3b_l4", tuple(cases.SHAPE_30B), 8, 3),
     # tiny steps take a fraction of a second: 56 steps after the signal so that it lands mid-run
-    "tiny": Case("tiny", ("model=tiny",), 60, 4),
+    "tiny": PreemptCase("tiny", tuple(cases.TINY), 60, 4),
 }
 
 
-def with_layers(case: Case, layers: int) -> Case:
+def with_layers(case: PreemptCase, layers: int) -> PreemptCase:
     """The case with `layers` decoder layers (the 30B-A3B shape's depth, for a disk that cannot hold 4 layers')."""
     model = tuple(o for o in case.model if not o.startswith("model.num_layers="))
-    return Case(f"{case.name.rsplit('_l', 1)[0]}_l{layers}", (*model, f"model.num_layers={layers}"), case.iterations,
-                case.signal_after)
+    return PreemptCase(f"{case.name.rsplit('_l', 1)[0]}_l{layers}", (*model, f"model.num_layers={layers}"),
+                       case.iterations, case.signal_after)
 
 
-def overrides(case: Case, ckpt: Path | None) -> list[str]:
+def overrides(case: PreemptCase, ckpt: Path | None) -> list[str]:
     """The training both runs share; with `ckpt`, checkpoints go there and only the exit signal saves one."""
     save = [] if ckpt is None else [
         "train.save_interval=1000000", f"train.checkpoint_dir={ckpt}",
@@ -75,14 +81,13 @@ def overrides(case: Case, ckpt: Path | None) -> list[str]:
             "wandb.enabled=false", *save]
 
 
-def launcher(sweep: Path) -> list[str]:
-    """hydra/launcher=slurm on the one-node Slurm slurm_start.sh brings up (partition debug, no time pressure:
-    the check sends the signal itself)."""
-    return ["hydra/launcher=slurm", "hydra.launcher.partition=debug", "hydra.launcher.cpus_per_task=8",
-            "hydra.launcher.timeout_min=30", f"hydra.sweep.dir={sweep}"]
+LAUNCHER = ["hydra/launcher=slurm", "hydra.launcher.partition=debug", "hydra.launcher.cpus_per_task=8",
+            "hydra.launcher.timeout_min=30"]
+"""hydra/launcher=slurm on the one-node Slurm slurm_start.sh brings up (partition debug, no time pressure: the check
+sends the signal itself)."""
 
 
-def checkpoint_gib(case: Case) -> float:
+def checkpoint_gib(case: PreemptCase) -> float:
     """What one checkpoint of the case holds: BF16 weights + Adam's FP32 state (the memory estimate's params and
     optimizer, world size 1)."""
     from vlmtrain.check.memory.estimate import estimate
@@ -92,7 +97,7 @@ def checkpoint_gib(case: Case) -> float:
     return b.params + b.optimizer
 
 
-def disk_problem(case: Case, ckpt: Path, need_gib: float, free_gib: float) -> str | None:
+def disk_problem(case: PreemptCase, ckpt: Path, need_gib: float, free_gib: float) -> str | None:
     """Why the checkpoint cannot go to `ckpt` (None: it fits, with DISK_MARGIN_GIB to spare)."""
     if free_gib >= need_gib + DISK_MARGIN_GIB:
         return None
@@ -100,7 +105,7 @@ def disk_problem(case: Case, ckpt: Path, need_gib: float, free_gib: float) -> st
             "GiB free: pass --ckpt <a dir on a larger filesystem>, or fewer decoder layers (--layers N)")
 
 
-def check_disk(case: Case, ckpt: Path) -> dict[str, float]:
+def check_disk(case: PreemptCase, ckpt: Path) -> dict[str, float]:
     """Free space where the checkpoint goes against its size; refuses (before any GPU work) when it cannot fit."""
     ckpt.mkdir(parents=True, exist_ok=True)
     need, free = checkpoint_gib(case), shutil.disk_usage(ckpt).free / GIB
@@ -147,36 +152,15 @@ def diagnostics(sweep: Path, job_id: str | None) -> str:
 
 def _env() -> dict[str, str]:
     """This checkout's src first on PYTHONPATH (absolute: the Slurm job inherits it and starts elsewhere)."""
-    return {**os.environ, "PYTHONUNBUFFERED": "1",
-            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH")) if p)}
+    return {"PYTHONPATH": os.pathsep.join(p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH")) if p)}
 
 
-def run_reference(case: Case, out: Path, timeout_s: float) -> tuple[int, Path]:
-    """The uninterrupted run, directly (torchrun on the local GPU), no checkpoints."""
-    run_dir = out / "reference"
-    shutil.rmtree(run_dir, ignore_errors=True)
-    run_dir.mkdir(parents=True)
-    cmd = [sys.executable, str(ROOT / "train.py"), *overrides(case, None), f"hydra.run.dir={run_dir}"]
-    with (run_dir / "console.txt").open("w") as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        try:
-            rc = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:  # SIGKILL all of it: a surviving rank would hold the GPU
-            os.killpg(proc.pid, signal.SIGKILL)
-            _kill_naming(run_dir)  # torchrun starts the ranks in sessions of their own
-            rc = proc.wait()
-    return rc, run_dir
-
-
-def _kill_naming(run_dir: Path) -> None:
-    """SIGKILL every process whose command line names run_dir (only this run's processes do)."""
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            if str(run_dir).encode() in cmdline.read_bytes():
-                os.kill(int(cmdline.parent.name), signal.SIGKILL)
-        except (OSError, ValueError):
-            pass
+def run_reference(case: PreemptCase, out: Path, timeout_s: float) -> tuple[int, Path]:
+    """The uninterrupted run, directly (torchrun on the local GPU), no checkpoints; past `timeout_s` its whole
+    tree is killed (a surviving rank would hold the GPU)."""
+    run = runner.start(overrides(case, None), out / "reference", log=out / "reference" / "console.txt", env=_env(),
+                       timeout_s=timeout_s, fresh=True)
+    return run.wait(), run.run_dir
 
 
 def _rank0(sweep: Path) -> dict[str, Any] | None:
@@ -184,32 +168,26 @@ def _rank0(sweep: Path) -> dict[str, Any] | None:
     return json.loads(found[0].read_text()) if found else None
 
 
-def run_preempted(case: Case, out: Path, ckpt: Path, timeout_s: float) -> dict[str, Any]:
+def run_preempted(case: PreemptCase, out: Path, ckpt: Path, timeout_s: float) -> dict[str, Any]:
     """Submit through submitit, USR2 once `signal_after` steps are logged, wait for the requeued attempt."""
     sweep = out / "slurm"
-    shutil.rmtree(sweep, ignore_errors=True)
     shutil.rmtree(ckpt, ignore_errors=True)
-    cmd = [sys.executable, str(ROOT / "train.py"), "-m", *launcher(sweep), *overrides(case, ckpt)]
-    sweep.mkdir(parents=True)
-    log = (out / "launcher.txt").open("w")
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=_env())
+    run = runner.start([*LAUNCHER, *overrides(case, ckpt)], sweep, multirun=True, log=out / "launcher.txt",
+                       env=_env(), fresh=True)
     deadline, job_id, sent = time.monotonic() + timeout_s, None, None
-    try:
-        while proc.poll() is None and time.monotonic() < deadline:
-            rec = _rank0(sweep)
-            job_id = job_id or (rec or {}).get("slurm", {}).get("job_id")
-            steps = losses(next(sweep.glob("0_*"))) if rec else {}
-            if job_id and sent is None and len(steps) >= case.signal_after:
-                sent = {"after_steps_logged": len(steps), "at": time.strftime("%H:%M:%S"),
-                        "scancel": _sh("scancel", "--signal=USR2", job_id).strip()}
-            time.sleep(0.5)
-        rc = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    while run.poll() is None and time.monotonic() < deadline:
+        rec = _rank0(sweep)
+        job_id = job_id or (rec or {}).get("slurm", {}).get("job_id")
+        steps = losses(next(sweep.glob("0_*"))) if rec else {}
+        if job_id and sent is None and len(steps) >= case.signal_after:
+            sent = {"after_steps_logged": len(steps), "at": time.strftime("%H:%M:%S"),
+                    "scancel": _sh("scancel", "--signal=USR2", job_id).strip()}
+        time.sleep(0.5)
+    rc: int | None = run.wait(max(1.0, deadline - time.monotonic()))
+    if run.timed_out:  # the launcher's tree was killed at the deadline: the job goes too
         rc = None
         if job_id:
             _sh("scancel", job_id)
-    log.close()
     job = scontrol_job(job_id, wait_s=60 if rc is not None else 5) if job_id else {}
     return {"rc": rc, "job_id": job_id, "sent": sent, "sweep": sweep, "job": job}
 
@@ -225,7 +203,7 @@ def scontrol_job(job_id: str, wait_s: float = 60) -> dict[str, str]:
         time.sleep(1)
 
 
-def evaluate(case: Case, reference: Path, slurm: dict[str, Any], ckpt: Path) -> tuple[bool, dict[str, Any]]:
+def evaluate(case: PreemptCase, reference: Path, slurm: dict[str, Any], ckpt: Path) -> tuple[bool, dict[str, Any]]:
     """Every check of the module docstring, from what the runs wrote and what Slurm said about the job
     (`slurm`: run_preempted's result); (passed, metrics)."""
     sweep: Path = slurm["sweep"]
@@ -269,5 +247,57 @@ def evaluate(case: Case, reference: Path, slurm: dict[str, Any], ckpt: Path) -> 
     return ok, m
 
 
-def command(case: Case, ckpt: Path) -> str:
-    return "python train.py -m " + " ".join([*launcher(Path("<out>/slurm")), *overrides(case, ckpt)])
+def command(case: PreemptCase, ckpt: Path) -> str:
+    return runner.recorded([*LAUNCHER, "hydra.sweep.dir=<out>/slurm", *overrides(case, ckpt)], multirun=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--case", choices=list(CASES), default="tiny")
+    ap.add_argument("--only", choices=["reference", "preempt", "both"], default="both",
+                    help="reference: the uninterrupted run only; preempt: the Slurm run, against a reference "
+                    "an earlier call left in --out")
+    ap.add_argument("--out", type=Path, default=None, help="default outputs/slurm_preempt/<case>")
+    ap.add_argument("--ckpt", type=Path, default=None, help="default /tmp/vlmtrain_slurm_ckpt/<case>")
+    ap.add_argument("--layers", type=int, default=None, help="--case 30b with this many decoder layers (default 4): "
+                    "where the disk cannot hold the 4-layer checkpoint")
+    ap.add_argument("--timeout", type=float, default=540, help="seconds per phase")
+    ap.add_argument("--results", type=Path, default=ROOT / "results" / "reliability.jsonl")
+    a = ap.parse_args(argv)
+    case = CASES[a.case] if a.layers is None else with_layers(CASES[a.case], a.layers)
+    out = (a.out or ROOT / "outputs" / "slurm_preempt" / a.case).resolve()
+    ckpt = (a.ckpt or Path("/tmp/vlmtrain_slurm_ckpt") / a.case).resolve()
+    if a.only != "reference":
+        if problem := slurm_problem():
+            print(f"[slurm_preempt] {problem}", file=sys.stderr)
+            return 2
+        disk = check_disk(case, ckpt)
+        print(f"[slurm_preempt] checkpoint ~{disk['checkpoint_estimate_gib']} GiB, {disk['disk_free_gib']} GiB free")
+    if a.only != "preempt":
+        rc, ref_dir = run_reference(case, out, a.timeout)
+        print(f"[slurm_preempt] reference exit {rc}, {len(losses(ref_dir))} steps: {ref_dir}", flush=True)
+        if rc != 0 or a.only == "reference":
+            if rc:
+                print((ref_dir / "console.txt").read_text()[-6000:], file=sys.stderr)
+            return rc
+    if not losses(out / "reference"):
+        print(f"[slurm_preempt] no reference losses in {out / 'reference'}: run --only reference first",
+              file=sys.stderr)
+        return 2
+    slurm = run_preempted(case, out, ckpt, a.timeout)
+    ok, metrics = evaluate(case, out / "reference", slurm, ckpt)
+    ref_losses, slurm_losses = metrics.pop("losses_reference"), metrics.pop("losses_slurm")
+    store.append(a.results, f"slurm_preempt_{case.name}_1gpu", command(case, ckpt), {**metrics, **disk,
+                   "slurm": slurm_version(), "passed": ok}, losses_uninterrupted=ref_losses,
+                   losses_preempted_and_resumed=slurm_losses,
+                   runner=f"python -m vlmtrain.lab.checks.slurm_preempt --case {a.case}"
+                   + (f" --layers {a.layers}" if a.layers else ""))
+    print(json.dumps({"case": a.case, "passed": ok, **metrics}, default=str), flush=True)
+    if not ok:
+        print(diagnostics(slurm["sweep"], slurm["job_id"]), file=sys.stderr)
+        print((out / "launcher.txt").read_text()[-4000:], file=sys.stderr)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -8,23 +8,18 @@ slower than `slower_than` x the best so far is stopped there (early stopping), i
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from vlmtrain.config.compose import CONF_DIR
+from vlmtrain.lab import runner
 from vlmtrain.observe import run_summary
 
-TRAIN_PY = CONF_DIR.parent / "train.py"
 RUN_SUBDIR = "run"
 POLL_S = 5.0
-STOP_GRACE_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -71,37 +66,25 @@ Launch = Callable[[Path, list[str]], Handle]
 
 
 class SweepProcess:
-    """`python train.py -m ... hydra.sweep.dir=<trial dir>` in its own process group (torchrun and the ranks with it);
-    under hydra/launcher=slurm, stop() also cancels the Slurm jobs submitit started (`.submitit/<job id>`)."""
+    """`python train.py -m ... hydra.sweep.dir=<trial dir>` (vlmtrain.lab.runner: its own process group, torchrun and
+    the ranks with it); under hydra/launcher=slurm, stop() also cancels the Slurm jobs submitit started
+    (`.submitit/<job id>`)."""
 
     def __init__(self, trial_dir: Path, overrides: list[str]):
-        trial_dir.mkdir(parents=True, exist_ok=True)
         self.trial_dir, self.run_dir = trial_dir, trial_dir / RUN_SUBDIR
-        cmd = [sys.executable, str(TRAIN_PY), "-m", *overrides, f"hydra.sweep.dir={trial_dir}",
-               f"hydra.sweep.subdir={RUN_SUBDIR}"]
-        self.log = (trial_dir / "sweep.log").open("w")
-        self.t0 = time.monotonic()
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
-                                     env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        self.run = runner.start(overrides, trial_dir, multirun=True, subdir=RUN_SUBDIR, log=trial_dir / "sweep.log")
 
     def poll(self) -> int | None:
-        return self.proc.poll()
+        return self.run.poll()
 
     def wall_s(self) -> float:
-        return time.monotonic() - self.t0
+        return self.run.wall_s()
 
     def stop(self) -> None:
         jobs = [d.name for d in (self.trial_dir / ".submitit").glob("*") if d.name.split("_")[0].isdigit()]
         if jobs:
             subprocess.run(["scancel", *jobs], check=False)
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        except ProcessLookupError:
-            pass
+        self.run.stop()
 
 
 def sweep_process(trial_dir: Path, overrides: list[str]) -> Handle:
