@@ -237,7 +237,7 @@ def test_estimate_reads_the_capacity(compose):
 def test_padded_vit_attention_adds_what_the_h1_runs_measured(compose):
     """kernels.vit_attention_head_dim: ViT activations grow by the padded q, k, v and output (nothing at the model's
     own 72); scaled from the worst-case row (every token an image token) to the ~10.5k image tokens of an H1 row,
-    the estimate's growth at 128 is within 10 % of what the recorded H1 pair on one lease measured."""
+    the estimate's growth at 128 is within 10 % of what the recorded H1 pair on one machine run measured."""
     from vlmtrain.config import architecture
     from vlmtrain.lab.micro import vit_attention
 
@@ -249,7 +249,7 @@ def test_padded_vit_attention_adds_what_the_h1_runs_measured(compose):
     grown = padded.vision_activations - plain.vision_activations
     assert padded.decoder_activations == plain.decoder_activations and grown > 0
     rows = {r["name"]: r for r in run_summary.read_jsonl(ROOT / "results" / "perf_h200.jsonl")
-            if r.get("lease") == "lease-4a774566" and r["name"].endswith("_summary")}
+            if r.get("machine_run") == "boot-4a774566" and r["name"].endswith("_summary")}
     base = "h1_h200x2-best_3d-ep1_mbs1_packed12288_cg-none_gbs4"
     measured = (rows[f"{base}_vit-attn128_summary"]["metrics"]["peak_mem_gib"]
                 - rows[f"{base}_summary"]["metrics"]["peak_mem_gib"])

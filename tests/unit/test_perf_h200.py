@@ -1,8 +1,9 @@
 """One H200 (issue 23's benchmark H1, issue 22's packing cases): the perf_h200 spec composes to the configurations it
-names, `vlmtrain sweep --repeats` runs each case until the lease has N runs and writes the median row, per-tower MFU
-is derived from real run files, vs_bridge_recipe pairs summaries of one lease, the matmul ceiling reads the model's
-shapes. The GPU runs are the only test double: a trial copies a real recorded 1 x H200 run dir of the 30B-A3B shapes
-at 4 decoder layers (tests/fixtures/precision_h200, from vlmtrain.lab.checks.precision_parity) into its run dir."""
+names, `vlmtrain sweep --repeats` runs each case until the machine run has N runs and writes the median row,
+per-tower MFU is derived from real run files, vs_bridge_recipe pairs summaries of one machine run, the matmul ceiling
+reads the model's shapes. The GPU runs are the only test double: a trial copies a real recorded 1 x H200 run dir of
+the 30B-A3B shapes at 4 decoder layers (tests/fixtures/precision_h200, from vlmtrain.lab.checks.precision_parity)
+into its run dir."""
 
 from __future__ import annotations
 
@@ -125,25 +126,25 @@ def run_sweep(path: Path, out: Path, *argv: str) -> int:
 
 
 def test_repeats_summary_and_resume(gpu: Gpu, tmp_path: Path) -> None:
-    path, lease = tmp_path / "perf_h200.jsonl", store.lease()
+    path, machine_run = tmp_path / "perf_h200.jsonl", store.machine_run()
     (h1,) = PERF.expand(["h1"])
     assert run_sweep(path, tmp_path / "a", "--sweep", "h1") == 0
     assert [p.name for p in gpu.launched] == ["run0", "run1", "run2"]
     assert all(p.parent.name == h1.name for p in gpu.launched)
     rows = run_summary.read_jsonl(path)
     runs = [r for r in rows if r["name"] == h1.name]
-    assert [(r["run"], r["lease"]) for r in runs] == [(0, lease), (1, lease), (2, lease)]
+    assert [(r["run"], r["machine_run"]) for r in runs] == [(0, machine_run), (1, machine_run), (2, machine_run)]
     for r, src in zip(runs, RUNS, strict=True):  # each run row is its own run files' summary
         assert r["metrics"] == run_summary.summarize(src, keys=run_summary.SUMMARY_KEYS)
     (summary,) = [r for r in rows if r["name"] == h1.name + repeats.SUMMARY_SUFFIX]
     m = summary["metrics"]
-    assert m["runs"] == 3 and summary["lease"] == lease and summary["case"] == h1.name
+    assert m["runs"] == 3 and summary["machine_run"] == machine_run and summary["case"] == h1.name
     for key in repeats.KEYS:
         values = [r["metrics"][key] for r in runs]
         assert (m[key], m[f"{key}_min"], m[f"{key}_max"]) == (statistics.median(values), min(values), max(values))
     assert len({r["metrics"]["useful_tokens_per_s_per_gpu"] for r in runs}) == 3  # a median of distinct runs
 
-    # the same lease again: nothing to run, nothing written; run dirs of the first call are still there
+    # the same machine run again: nothing to run, nothing written; run dirs of the first call are still there
     assert run_sweep(path, tmp_path / "b", "--sweep", "h1") == 0
     assert len(gpu.launched) == 3 and len(run_summary.read_jsonl(path)) == len(rows)
     assert all((p / trials.RUN_SUBDIR / "metrics.jsonl").exists() for p in gpu.launched)
@@ -152,13 +153,13 @@ def test_repeats_summary_and_resume(gpu: Gpu, tmp_path: Path) -> None:
     assert [p.name for p in gpu.launched[3:]] == ["run3"]
     four = run_summary.read_jsonl(path)[-1]["metrics"]
     assert four["runs"] == 4
-    # the report, from the results file alone: the latest summary of the lease, median (min-max)
+    # the report, from the results file alone: the latest summary of the machine run, median (min-max)
     assert run_sweep(path, tmp_path / "d", "--report") == 0
     md = path.with_suffix(".md").read_text()
     u = repeats.USEFUL
-    assert f"| {h1.name} | {lease} | 4 | {four[u]:.0f} ({four[u + '_min']:.0f}-{four[u + '_max']:.0f}) |" in md
-    assert f"| {h1.name} | {lease} | 3 |" not in md  # the 4-run summary replaced the 3-run one
-    (single,) = [line for line in md.splitlines() if line.startswith(f"| {h1.name} | ") and lease not in line]
+    assert f"| {h1.name} | {machine_run} | 4 | {four[u]:.0f} ({four[u + '_min']:.0f}-{four[u + '_max']:.0f}) |" in md
+    assert f"| {h1.name} | {machine_run} | 3 |" not in md  # the 4-run summary replaced the 3-run one
+    (single,) = [line for line in md.splitlines() if line.startswith(f"| {h1.name} | ") and machine_run not in line]
     assert single.endswith(f"| {sweep_report.REPEATED_NOTE} |")  # a lone run's figures say they are one run
 
 
@@ -168,7 +169,7 @@ def test_a_failed_run_is_not_counted_nor_repeated(gpu: Gpu, tmp_path: Path) -> N
     assert run_sweep(path, tmp_path / "a", "--sweep", "h1") == 1
     assert len(gpu.launched) == 2  # run 1 failed: run 2 of that case did not start in this call
     (h1,) = PERF.expand(["h1"])
-    assert repeats.done(path, h1.name, store.lease()) == 1
+    assert repeats.done(path, h1.name, store.machine_run()) == 1
     assert not any(r["name"].endswith(repeats.SUMMARY_SUFFIX) for r in run_summary.read_jsonl(path))
     assert run_sweep(path, tmp_path / "b", "--sweep", "h1") == 0  # resumes: runs 1 and 2, then the summary
     assert [p.name for p in gpu.launched[2:]] == ["run1", "run2"]
@@ -200,35 +201,37 @@ def test_tower_mfu_from_real_run_files() -> None:
     assert run_summary.tower_mfu([{"step_s": 1.0, "mfu": 0.1, "flops": 1e12}]) == {}  # no tower times: none derived
 
 
-def test_vs_bridge_recipe_pairs_one_lease(tmp_path: Path) -> None:
+def test_vs_bridge_recipe_pairs_one_machine_run(tmp_path: Path) -> None:
     """Run rows from real run files for both sides; the ratio of their medians appears once both summaries exist."""
-    path, lease, other = tmp_path / "perf_h200.jsonl", "lease-aaaa", "lease-bbbb"
+    path, machine_run, other = tmp_path / "perf_h200.jsonl", "boot-aaaa", "boot-bbbb"
     h1 = PERF.expand(["h1"])[0].name
     for i, run_dir in enumerate(RUNS):
         store.append(path, repeats.BRIDGE_RECIPE, "python -m vlmtrain.lab.bridge_recipe",
-                       run_summary.summarize(run_dir, keys=run_summary.SUMMARY_KEYS), lease=lease, run=i)
+                       run_summary.summarize(run_dir, keys=run_summary.SUMMARY_KEYS), machine_run=machine_run, run=i)
     store.append(path, h1, "python train.py ...", run_summary.summarize(RUNS[0], keys=run_summary.SUMMARY_KEYS),
-                   lease=other, run=0)
-    assert repeats.append_summary(path, repeats.BRIDGE_RECIPE, lease, "cmd") is not None
+                   machine_run=other, run=0)
+    assert repeats.append_summary(path, repeats.BRIDGE_RECIPE, machine_run, "cmd") is not None
     assert repeats.append_summary(path, h1, other, "cmd") is not None
-    assert repeats.vs_bridge(run_summary.read_jsonl(path), lease) is None  # the vlmtrain side ran on another lease
+    # the vlmtrain side ran on another machine run
+    assert repeats.vs_bridge(run_summary.read_jsonl(path), machine_run) is None
     assert not any(r["name"].startswith("vs-bridge-recipe_") for r in run_summary.read_jsonl(path))
     store.append(path, h1, "python train.py ...", run_summary.summarize(RUNS[1], keys=run_summary.SUMMARY_KEYS),
-                   lease=lease, run=0)
-    repeats.append_summary(path, h1, lease, "cmd")
+                   machine_run=machine_run, run=0)
+    repeats.append_summary(path, h1, machine_run, "cmd")
     row = run_summary.read_jsonl(path)[-1]
-    assert row["name"] == f"vs-bridge-recipe_{lease}" and row["lease"] == lease
+    assert row["name"] == f"vs-bridge-recipe_{machine_run}" and row["machine_run"] == machine_run
     ours = run_summary.summarize(RUNS[1])["useful_tokens_per_s_per_gpu"]
     theirs = statistics.median(run_summary.summarize(d)["useful_tokens_per_s_per_gpu"] for d in RUNS)
     assert row["metrics"]["vs_bridge_recipe"] == pytest.approx(ours / theirs)
     assert row["metrics"]["vlmtrain_case"] == h1 and row["metrics"]["bridge_recipe_runs"] == 3
-    assert repeats.done(path, h1, lease) == 1 and repeats.done(path, h1, "lease-cccc") == 0
+    assert repeats.done(path, h1, machine_run) == 1 and repeats.done(path, h1, "boot-cccc") == 0
     # a frozen-vision case, faster than h1 here, is reported apart: the peer trains every tower
     (frozen,) = PERF.expand(["h1_frozen"])
     faster = run_summary.summarize(RUNS[0], keys=run_summary.SUMMARY_KEYS)
     assert faster["useful_tokens_per_s_per_gpu"] > ours and "vision=frozen" in case_overrides(frozen)
-    store.append(path, frozen.name, "python train.py ...", faster, lease=lease, run=0, config=case_overrides(frozen))
-    repeats.append_summary(path, frozen.name, lease, "cmd")
+    store.append(path, frozen.name, "python train.py ...", faster, machine_run=machine_run, run=0,
+                 config=case_overrides(frozen))
+    repeats.append_summary(path, frozen.name, machine_run, "cmd")
     assert run_summary.read_jsonl(path)[-1]["metrics"]["vlmtrain_case"] == h1
 
 
@@ -250,26 +253,27 @@ def test_ceiling_shapes_come_from_the_model_config(capsys: pytest.CaptureFixture
 
 
 def test_towers_vs_ceiling_describes_the_best_full_training_case() -> None:
-    """Replayed from the rows one H200 lease recorded (ceiling rows, H1 summaries with and without frozen vision): each
-    tower's rate is its MFU x peak over its own GEMMs' measured rate, for the fastest case that trains every tower."""
-    rows, lease, peak = run_summary.read_jsonl(ROOT / "results" / "perf_h200.jsonl"), "lease-0eb4da4d", 989.0
-    cases = repeats.summaries(rows, lease)
+    """Replayed from the rows one H200 machine run recorded (ceiling rows, H1 summaries with and without frozen
+    vision): each tower's rate is its MFU x peak over its own GEMMs' measured rate, for the fastest case that trains
+    every tower."""
+    rows, machine_run, peak = run_summary.read_jsonl(ROOT / "results" / "perf_h200.jsonl"), "boot-0eb4da4d", 989.0
+    cases = repeats.summaries(rows, machine_run)
     frozen = [n for n, r in cases.items() if not repeats.trains_every_tower(r)]
-    best, summary = repeats.best_h1(rows, lease)
+    best, summary = repeats.best_h1(rows, machine_run)
     assert frozen and all(cases[n]["metrics"][repeats.USEFUL] > summary["metrics"][repeats.USEFUL] for n in frozen)
-    m = ceiling.towers_vs_ceiling(rows, lease, peak)
+    m = ceiling.towers_vs_ceiling(rows, machine_run, peak)
     assert m is not None and m["case"] == best not in frozen
-    for tower, ceil in ceiling.tower_ceilings(rows, lease).items():
+    for tower, ceil in ceiling.tower_ceilings(rows, machine_run).items():
         assert m[f"{tower}_tflops_per_s"] == pytest.approx(summary["metrics"][f"mfu_{tower}"] * peak)
         assert m[f"{tower}_fraction_of_gemm_ceiling"] == pytest.approx(m[f"{tower}_tflops_per_s"] / ceil)
         assert 0 < m[f"{tower}_fraction_of_gemm_ceiling"] < 1
-    assert ceiling.towers_vs_ceiling(rows, "lease-none", peak) is None
+    assert ceiling.towers_vs_ceiling(rows, "boot-none", peak) is None
 
 
-def test_report_pairs_claims_and_ranks_cases_within_one_lease(tmp_path: Path) -> None:
-    """From the recorded one-H200 rows: a claim is the ratio of its two cases' medians on the latest lease both ran on
-    (h1 also ran alone on other leases, whose figures differ by more than the claims do); frozen-vision summaries
-    stand in their own table; a claim whose sides never shared a lease says so."""
+def test_report_pairs_claims_and_ranks_cases_within_one_machine_run(tmp_path: Path) -> None:
+    """From the recorded one-H200 rows: a claim is the ratio of its two cases' medians on the latest machine run both
+    ran on (h1 also ran alone on other machine runs, whose figures differ by more than the claims do); frozen-vision
+    summaries stand in their own table; a claim whose sides never shared a machine run says so."""
     path = ROOT / "results" / "perf_h200.jsonl"
     rows = run_summary.read_jsonl(path)
     md = sweep_report.report(PERF, path, f"{ENTRY} --report")
@@ -280,20 +284,20 @@ def test_report_pairs_claims_and_ranks_cases_within_one_lease(tmp_path: Path) ->
         {"experiment": "perf_h200x2_best", "layout": "3d-ep1", "data.packing": 12288, "train.global_batch_size": 4,
          "syncs": "timing0"}))
 
-    def median(name: str, lease: str) -> float:
-        return statistics.median(r["metrics"][repeats.USEFUL] for r in repeats.runs(rows, name, lease))
+    def median(name: str, machine_run: str) -> float:
+        return statistics.median(r["metrics"][repeats.USEFUL] for r in repeats.runs(rows, name, machine_run))
 
-    for what, a, lease in (("ViT grid on the host and timing level 0", both, "lease-2b3014ae"),
-                           ("timing level 0", timing0, "lease-0eb4da4d")):
+    for what, a, machine_run in (("ViT grid on the host and timing level 0", both, "boot-2b3014ae"),
+                                 ("timing level 0", timing0, "boot-0eb4da4d")):
         line = next(x for x in md.splitlines() if x.startswith(f"| {what} |"))
-        assert line.split(" | ")[1] == f"{median(a, lease) / median(h1, lease):.2f}", line
-    assert median(h1, "lease-b64c7526") / median(h1, "lease-0eb4da4d") > 1.1  # what a cross-lease pair would carry
+        assert line.split(" | ")[1] == f"{median(a, machine_run) / median(h1, machine_run):.2f}", line
+    assert median(h1, "boot-b64c7526") / median(h1, "boot-0eb4da4d") > 1.1  # what a pair across machine runs carries
     full, frozen = md.split("## Repeated cases, frozen vision")
     assert "vision-frozen" not in full.split("## Repeated cases, full training")[1]
     assert "vision-frozen" in frozen.split("\n\n- ")[0]
-    apart = (h1, h1 + repeats.SUMMARY_SUFFIX)  # h1 left only on leases the host-grid + timing0 case did not run on
-    moved = [r for r in rows if not (r["name"] in apart and r.get("lease") == "lease-2b3014ae")]
+    apart = (h1, h1 + repeats.SUMMARY_SUFFIX)  # h1 left only on machine runs the host-grid + timing0 case skipped
+    moved = [r for r in rows if not (r["name"] in apart and r.get("machine_run") == "boot-2b3014ae")]
     (tmp_path / "p.jsonl").write_text("".join(json.dumps(r) + "\n" for r in moved))
     line = next(x for x in sweep_report.report(PERF, tmp_path / "p.jsonl", ENTRY).splitlines()
                 if x.startswith("| ViT grid on the host and timing level 0 |"))
-    assert "not measured on one lease" in line
+    assert "not measured on one machine run" in line

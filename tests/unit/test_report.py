@@ -232,8 +232,8 @@ def test_mock_and_frozen_configs_get_their_own_section(overrides: list[str], sec
 
 
 def test_a_run_that_waited_on_its_loader_is_flagged_with_the_knob() -> None:
-    """Medians of a recorded H1 run of lease 2b3014ae (results/perf_h200.jsonl): 0.555 s of a 3.938 s step waiting on
-    the loader at data.num_workers=2."""
+    """Medians of a recorded H1 run of machine run boot-2b3014ae (results/perf_h200.jsonl): 0.555 s of a 3.938 s step
+    waiting on the loader at data.num_workers=2."""
     config = OmegaConf.to_container(OmegaConf.structured(compose(["data=realistic"])), enum_to_str=True)
     job = report.Job(name="x", source="files", config=config,
                      metrics={"time_data_s": 0.555, "step_s": 3.938, "skipped_samples": 0})

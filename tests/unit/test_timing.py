@@ -160,19 +160,19 @@ def test_timer_counts_its_own_host_time_per_step(host_timer: timing.StepTimer) -
 
 
 def recorded_h1_runs() -> dict[str, dict[str, float]]:
-    """The H1 runs of three leases in results/perf_h200.jsonl, all with data.num_workers=2: rows of 8192 tokens at
+    """The H1 runs of three machine runs in results/perf_h200.jsonl, all with data.num_workers=2: rows of 8192 tokens at
     6.2-6.6 s steps (efb44c3c), of 12288 tokens at ~4 s (2b3014ae), and the same at ~2.9 s with grid-only mask
     renders (b64c7526), which cost a worker 0.61 s per row instead of 0.81 (results/collate_cpu.jsonl)."""
     rows = run_summary.read_jsonl(Path(__file__).resolve().parents[2] / "results" / "perf_h200.jsonl")
-    return {f"{r['lease']}_{r['name']}_{r['run']}": r["metrics"] for r in rows
+    return {f"{r['machine_run']}_{r['name']}_{r['run']}": r["metrics"] for r in rows
             if r["name"].startswith("h1_") and "run" in r and "time_data_s" in r["metrics"]}
 
 
 def test_data_bound_marks_the_recorded_runs_that_waited_on_the_loader() -> None:
     runs = recorded_h1_runs()
     shares = {k: timing.data_bound(m["time_data_s"], m["step_s"]) for k, m in runs.items()}
-    assert {k for k, v in shares.items() if v is None} == {k for k in runs if not k.startswith("lease-2b3014ae")}
-    assert {k.split("_")[0] for k in runs} >= {"lease-2b3014ae", "lease-efb44c3c", "lease-b64c7526", "lease-0eb4da4d"}
-    waited = [v for k, v in shares.items() if k.startswith("lease-2b3014ae")]
+    assert {k for k, v in shares.items() if v is None} == {k for k in runs if not k.startswith("boot-2b3014ae")}
+    assert {k.split("_")[0] for k in runs} >= {"boot-2b3014ae", "boot-efb44c3c", "boot-b64c7526", "boot-0eb4da4d"}
+    waited = [v for k, v in shares.items() if k.startswith("boot-2b3014ae")]
     assert len(waited) == 6 and all(0.13 < v < 0.26 for v in waited)
     assert timing.data_bound(0.09, 1.0) is None and timing.data_bound(None, 1.0) is None

@@ -46,7 +46,7 @@ def as_capacity(config: list[str]) -> list[str]:
 
 @pytest.fixture(scope="module")
 def recordings() -> dict[str, list[dict[str, Any]]]:
-    """The recorded runs of every 2 x H200 benchmark configuration, in file order (two leases: two rows)."""
+    """The recorded runs of every 2 x H200 benchmark configuration, in file order (two machine runs: two rows)."""
     out: dict[str, list[dict[str, Any]]] = {}
     for row in run_summary.read_jsonl(RECORDED):
         if row["name"].startswith("30b-l8_") and "config" in row and not {"superseded", "resummarized"} & row.keys():

@@ -8,7 +8,7 @@ from vlmtrain.lab.micro import vit_attention as va
 
 def test_shapes_are_one_micro_batch_of_realistic_images() -> None:
     lengths = va.seqlens()
-    assert lengths == va.seqlens()  # seeded: every lease times the same shapes
+    assert lengths == va.seqlens()  # seeded: every machine run times the same shapes
     assert all(196 * 4 <= s <= 980 * 4 and s % 4 == 0 for s in lengths)
     assert 10_500 <= sum(lengths) // 4 < 10_500 + 980  # drawn until the row's image tokens are reached
     assert va.seqlens(seed=1) != lengths

@@ -1,7 +1,7 @@
-"""The benchmarks' code: named train.py cases and their results rows (`cases`), vlmtrain's overhead over Bridge
-alone (`overhead`: the measurement, with `direct`: the Bridge-alone rank), the memory estimate against the measured
-peaks (`memory_check`), a killed and relaunched run (`resume`) and the reliability checks (`reliability`,
-`kill_checkpoint`). The 2 x H200 sweeps are the spec conf/tune/perf_h200x2.yaml, run by vlmtrain.tune.
-
-benchmarks/*.py are the command-line entry points over these modules; the tests import them from here.
+"""The experiment wing: every run it starts goes through `runner` (one way to launch `python train.py`), a named run is
+one `cases.Case` on the shared baselines there, and rows land in results/ through `store`. Sweeps of a spec
+(`sweep`, `spec`, `repeats`, `sweep_report`), tune (`tune/`), the overhead A/B (`overhead`, `overhead_ab`,
+`bridge_alone`), Bridge's own recipe as the peer (`bridge_recipe`), micro-benchmarks (`micro/`), calibrations
+(`calibrate/`) and the GPU checks (`checks/`). Each entry point is a `vlmtrain` subcommand or
+`python -m vlmtrain.lab.<module>`; the tests import these modules.
 """

@@ -215,14 +215,14 @@ def command(run_dir: Path, port: int) -> list[str]:
             str(port), "-m", MODULE, RANK_FLAG, str(run_dir)]
 
 
-def run_once(i: int, lease: str, out: Path, results_path: Path) -> dict[str, Any] | None:
-    """Run i of this lease in its own process and directory, its row appended (None when it failed)."""
-    run_dir = out / lease / f"run{i}"
+def run_once(i: int, machine_run: str, out: Path, results_path: Path) -> dict[str, Any] | None:
+    """Run i of this machine run in its own process and directory, its row appended (None when it failed)."""
+    run_dir = out / machine_run / f"run{i}"
     run_dir.mkdir(parents=True, exist_ok=True)
     from vlmtrain.data import prepare
 
     prepare.prepare(h1_run(run_dir))  # compose and the data scan on CPU before the rank starts, as vlmtrain.flow does
-    print(f"[bridge-recipe] run {i + 1} ({lease}) in {run_dir}", flush=True)
+    print(f"[bridge-recipe] run {i + 1} ({machine_run}) in {run_dir}", flush=True)
     port = int(os.environ.get("MASTER_PORT") or runner.free_port())
     run = runner.spawn(command(run_dir, port), run_dir, port=port)
     rc = run.wait()
@@ -232,7 +232,7 @@ def run_once(i: int, lease: str, out: Path, results_path: Path) -> dict[str, Any
     if rc != 0 or "useful_tokens_per_s_per_gpu" not in summary:
         print((run_dir / "train.log").read_text()[-4000:], flush=True)
         return None
-    return store.append(results_path, NAME, ENTRY, summary, lease=lease, run=i,
+    return store.append(results_path, NAME, ENTRY, summary, machine_run=machine_run, run=i,
                           wall_s=wall, recipe=RECIPE, changes=CHANGES, config=H1)
 
 
@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeats", type=int, default=3, help="runs on this machine lease (recorded ones are skipped)")
+    ap.add_argument("--repeats", type=int, default=3, help="runs on this machine run (recorded ones are skipped)")
     ap.add_argument("--dry-run", action="store_true", help="CPU: build the recipe's container and validate it")
     ap.add_argument("--results", type=Path, default=ROOT / "results" / "perf_h200.jsonl")
     ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "bridge_recipe")
@@ -252,20 +252,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         dry_run(args.out / "dry-run")
         return 0
-    lease = store.lease()
-    have = repeats.done(args.results, NAME, lease)
-    print(f"[bridge-recipe] {have} of {args.repeats} runs recorded on {lease}", flush=True)
+    machine_run = store.machine_run()
+    have = repeats.done(args.results, NAME, machine_run)
+    print(f"[bridge-recipe] {have} of {args.repeats} runs recorded on {machine_run}", flush=True)
     t0, walls = time.monotonic(), []
     for i in range(have, args.repeats):
         if args.budget_s is not None and walls and time.monotonic() - t0 + max(walls) > args.budget_s:
             print(f"[bridge-recipe] budget: {args.budget_s:.0f} s would be exceeded; runs {i + 1}.. not started")
             return 0
         started = time.monotonic()
-        if run_once(i, lease, args.out, args.results) is None:
+        if run_once(i, machine_run, args.out, args.results) is None:
             return 1
         walls.append(time.monotonic() - started)
     if have < args.repeats:
-        repeats.append_summary(args.results, NAME, lease, f"{ENTRY} --repeats {args.repeats}")
+        repeats.append_summary(args.results, NAME, machine_run, f"{ENTRY} --repeats {args.repeats}")
     return 0
 
 

@@ -1,8 +1,8 @@
 """The results store: one JSON row per measured run appended to results/<topic>.jsonl, and the rule that picks a
 name's current row.
 
-A row is {name, command, date, machine, lease, metrics, ...}; metric keys carry units (the run's own figures come
-from vlmtrain.observe.run_summary). Medians of repeats on one machine are vlmtrain.lab.repeats'.
+A row is {name, command, date, machine, machine_run, metrics, ...}; metric keys carry units (the run's own figures
+come from vlmtrain.observe.run_summary). Medians of repeats on one machine run are vlmtrain.lab.repeats'.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 from vlmtrain.observe.run_summary import read_jsonl
 
-__all__ = ["append", "append_jsonl", "latest", "lease", "machine", "read_jsonl"]
+__all__ = ["append", "append_jsonl", "latest", "machine", "machine_run", "read_jsonl"]
 
 
 def latest(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -26,12 +26,14 @@ def latest(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [by_name[n] for n in dict.fromkeys(r["name"] for r in rows) if n in by_name]
 
 
-def lease() -> str:
-    """This machine's boot id: a lent GPU machine is booted fresh, so runs with the same id share a lease."""
+def machine_run() -> str:
+    """`boot-<first 8 hex of the kernel's boot id>`: a lent GPU machine boots fresh, so runs with the same boot id ran
+    on one machine hold (one machine run). Machines of one kind differ by more than the effects measured, so medians
+    and ratios compare only runs of one machine run."""
     try:
-        return "lease-" + Path("/proc/sys/kernel/random/boot_id").read_text().strip()[:8]
+        return "boot-" + Path("/proc/sys/kernel/random/boot_id").read_text().strip()[:8]
     except OSError:
-        return "lease-unknown"
+        return "boot-unknown"
 
 
 def machine() -> str:
@@ -51,7 +53,7 @@ def append(results: Path, name: str, command: str, metrics: dict[str, Any], **ex
         "command": command,
         "date": dt.date.today().isoformat(),
         "machine": machine(),
-        "lease": lease(),  # ratios and medians compare only runs of one lease
+        "machine_run": machine_run(),
         "metrics": metrics,
         **extra,
     }

@@ -2,9 +2,9 @@
 case after another through the trial runner (`python train.py -m`, as `vlmtrain tune` runs its trials), one row per
 case in the spec's results file (vlmtrain.observe.run_summary; metrics from summarize, the full override list as
 `config`); `--report` writes <results>.md from that file alone. With `--repeats N` (default: the spec's `repeats`, else
-1) each case runs until this machine lease has N finished runs of it (one row each, with `lease` and `run`; runs
-already recorded for the lease are skipped, so repeats may span device calls), then its summary row: median and
-min-max (vlmtrain.lab.repeats).
+1) each case runs until this machine run has N finished runs of it (one row each, with `machine_run` and `run`;
+runs already recorded for the machine run are skipped, so repeats may span device calls), then its summary row:
+median and min-max (vlmtrain.lab.repeats).
 
     vlmtrain sweep perf_h200x2 --sweep mbs parallelism [--only SUBSTR ...] [--iterations 8]
     vlmtrain sweep perf_h200 --sweep h1 [--repeats 3] [--budget-s 600]   # one H200: 3 runs per case, then medians
@@ -96,15 +96,15 @@ def run_case(spec: Spec, case: SpecCase, args: argparse.Namespace, trial_dir: Pa
                             config=run_cases.overrides(rc_case), runner=args.runner, **extra)
 
 
-def pending(cases: list[SpecCase], args: argparse.Namespace, lease: str) -> list[tuple[SpecCase, int]]:
-    """(case, run number) still to run on this lease: each case's runs up to --repeats, the recorded ones left out.
-    Runs alternate between cases (every case's run 1, then run 2, ...): drift on the lease touches each case alike,
-    and a budget cut leaves every case with about as many runs."""
+def pending(cases: list[SpecCase], args: argparse.Namespace, machine_run: str) -> list[tuple[SpecCase, int]]:
+    """(case, run number) still to run on this machine run: each case's runs up to --repeats, the recorded ones left
+    out. Runs alternate between cases (every case's run 1, then run 2, ...): drift on the machine run touches each
+    case alike, and a budget cut leaves every case with about as many runs."""
     todo = []
     for case in cases:
-        have = repeats.done(args.results, case.name, lease) if args.repeats > 1 else 0
+        have = repeats.done(args.results, case.name, machine_run) if args.repeats > 1 else 0
         if args.repeats > 1 and have:
-            print(f"[sweep] {case.name}: {have} of {args.repeats} runs already recorded on {lease}", flush=True)
+            print(f"[sweep] {case.name}: {have} of {args.repeats} runs already recorded on {machine_run}", flush=True)
         todo += [(case, i) for i in range(have, args.repeats)]
     return sorted(todo, key=lambda t: t[1])
 
@@ -145,20 +145,20 @@ def main(spec: Spec, args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     args.runner = f"{args.entry} --sweep {' '.join(args.sweep)}"
-    lease = store.lease()
-    todo = pending(cases, args, lease)
+    machine_run = store.machine_run()
+    todo = pending(cases, args, machine_run)
     failed, ran, t0, walls = set(), set(), time.monotonic(), []
     for k, (case, i) in enumerate(todo):
         if case.name in failed:
-            continue  # a case that failed once on this lease is not repeated in this call
+            continue  # a case that failed once on this machine run is not repeated in this call
         if args.budget_s is not None and time.monotonic() - t0 + max(walls, default=case_s) > args.budget_s:
             print(f"[sweep] budget: {args.budget_s:.0f} s would be exceeded; not started: "
                   f"{', '.join(f'{c.name} run {j + 1}/{args.repeats}' for c, j in todo[k:])}", flush=True)
             break
-        print(f"[sweep] {case.name}" + (f" run {i + 1}/{args.repeats} ({lease})" if args.repeats > 1 else ""),
+        print(f"[sweep] {case.name}" + (f" run {i + 1}/{args.repeats} ({machine_run})" if args.repeats > 1 else ""),
               flush=True)
         started = time.monotonic()
-        extra = {"lease": lease, "run": i} if args.repeats > 1 else {}
+        extra = {"machine_run": machine_run, "run": i} if args.repeats > 1 else {}
         row = run_case(spec, case, args, args.out / case.name / f"run{i}" if extra else None, **extra)
         walls.append(time.monotonic() - started)
         if row is None:
@@ -166,7 +166,7 @@ def main(spec: Spec, args: argparse.Namespace) -> int:
             continue
         ran.add(case.name)
         if extra and i + 1 == args.repeats:
-            repeats.append_summary(args.results, case.name, lease, f"{args.runner} --repeats {args.repeats}")
+            repeats.append_summary(args.results, case.name, machine_run, f"{args.runner} --repeats {args.repeats}")
     mock_ratio_row(spec, ran, args.results, f"{args.entry} --sweep mock")
     return 1 if failed else 0
 
@@ -175,8 +175,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--sweep", nargs="+", help="sweep names of the spec, or all")
     ap.add_argument("--only", nargs="*", help="case names (substring match)")
     ap.add_argument("--iterations", type=int, help="default: the spec's")
-    ap.add_argument("--repeats", type=int, help="runs per case on this machine lease, then a median row (default: the "
-                    "spec's `repeats`, else 1); runs the lease already recorded are not run again")
+    ap.add_argument("--repeats", type=int, help="runs per case on this machine run, then a median row (default: the "
+                    "spec's `repeats`, else 1); runs the machine run already recorded are not run again")
     ap.add_argument("--dry-run", action="store_true", help="dry_run=true for every case (CPU: no GPU needed)")
     ap.add_argument("--list", action="store_true", help="print the case table and exit")
     ap.add_argument("--report", action="store_true", help="write <results>.md from --results and exit")

@@ -1,6 +1,6 @@
 """A sweep spec's report from its results file alone (`vlmtrain sweep <spec> --report`): every measured case, then
 each of the spec's claims as a ratio of two measured rows (rows that are missing or failed are named, not guessed),
-then the overhead and lease-spread rows."""
+then the overhead and machine-run-spread rows."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def claims(spec: Spec) -> list[tuple[str, str, str]]:
 
 def repeats(rows: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
     """The finished runs of `name` from the same sweep invocation and day as its latest row (a sweep run twice in
-    one lease), in order; re-summaries and superseded rows are not runs."""
+    one machine run), in order; re-summaries and superseded rows are not runs."""
     mine = [r for r in rows if r["name"] == name and "useful_tokens_per_s_per_gpu" in r["metrics"]
             and not {"resummarized", "superseded"} & r.keys()]
     if not mine:
@@ -58,16 +58,16 @@ def _cases(latest: dict[str, dict[str, Any]], ok: dict[str, dict[str, Any]]) -> 
 
 def _sides(rows: list[dict[str, Any]], latest: dict[str, dict[str, Any]], ok: dict[str, dict[str, Any]], a: str,
            b: str) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]] | None:
-    """A claim's two sides from one machine lease: the medians of the latest lease where both have runs (repeated
-    cases), else the latest rows when neither names a lease (one sweep's rows); None when they ran on different
-    leases only (a ratio across leases carries the lease's own spread)."""
-    leases = [r["lease"] for r in rows if r["name"] == a and "lease" in r]
-    for lease in reversed(dict.fromkeys(leases)):
-        ra, rb = reps.runs(rows, a, lease), reps.runs(rows, b, lease)
+    """A claim's two sides from one machine run: the medians of the latest machine run where both have runs
+    (repeated cases), else the latest rows when neither names a machine run (one sweep's rows); None when they ran
+    on different machine runs only (a ratio across machine runs carries the machine run's own spread)."""
+    machine_runs = [r["machine_run"] for r in rows if r["name"] == a and "machine_run" in r]
+    for machine_run in reversed(dict.fromkeys(machine_runs)):
+        ra, rb = reps.runs(rows, a, machine_run), reps.runs(rows, b, machine_run)
         if ra and rb:
             a_m, b_m = (reps.summary_metrics(x) | {"first_loss": x[-1]["metrics"].get("first_loss")} for x in (ra, rb))
             return a_m, b_m, ra, rb
-    if "lease" in latest[a] or "lease" in latest[b]:
+    if "machine_run" in latest[a] or "machine_run" in latest[b]:
         return None
     return ok[a], ok[b], repeats(rows, a), repeats(rows, b)
 
@@ -92,18 +92,19 @@ def _claims(spec: Spec, rows: list[dict[str, Any]], latest: dict[str, dict[str, 
                          f"{ma['first_loss']:.4f}, {mb['first_loss']:.4f} | "
                          f"{', '.join(f'{x:.2f}' for x in per)} |")
         elif a in ok and b in ok:
-            lines.append(f"| {what} | not measured on one lease: {a} on {latest[a].get('lease')}, {b} on "
-                         f"{latest[b].get('lease')} | | | |")
+            lines.append(f"| {what} | not measured on one machine run: {a} on {latest[a].get('machine_run')}, {b} "
+                         f"on {latest[b].get('machine_run')} | | | |")
         else:
             lines.append(f"| {what} | not measured: {', '.join(n for n in (a, b) if n not in ok)} | | | |")
     return lines
 
 
 def _repeated(rows: list[dict[str, Any]]) -> list[str]:
-    """The summary rows (median and min-max over one lease's runs), the peer ratio and the ceiling, per lease."""
-    latest = {(r["case"], r["lease"]): r for r in rows
+    """The summary rows (median and min-max over one machine run's runs), the peer ratio and the ceiling, per
+    machine run."""
+    latest = {(r["case"], r["machine_run"]): r for r in rows
               if r["name"].endswith(reps.SUMMARY_SUFFIX) and "runs" in r["metrics"]}
-    summaries = list(latest.values())  # a later summary of a case and lease (more runs) replaces the earlier one
+    summaries = list(latest.values())  # a later summary of a case and machine run (more runs) replaces the earlier one
     if not summaries:
         return []
 
@@ -111,31 +112,32 @@ def _repeated(rows: list[dict[str, Any]]) -> list[str]:
         return f"{m[key]:{fmt}} ({m[key + '_min']:{fmt}}-{m[key + '_max']:{fmt}})" if key in m else "-"
 
     lines: list[str] = []
-    header = "| case | lease | runs | useful tok/s/GPU | MFU | step_s | peak GiB | MFU ViT / projector / decoder |"
+    header = ("| case | machine run | runs | useful tok/s/GPU | MFU | step_s | peak GiB | MFU ViT / projector / "
+              "decoder |")
     for title, frozen in (("full training", False), ("frozen vision (compare with frozen rows only)", True)):
-        lines += ["", f"## Repeated cases, {title}: median (min-max) over the runs of one machine lease", "", header,
+        lines += ["", f"## Repeated cases, {title}: median (min-max) over the runs of one machine run", "", header,
                   "|---|---|---|---|---|---|---|---|"]
-        for r in sorted(summaries, key=lambda r: (r["lease"], -r["metrics"][reps.USEFUL])):
+        for r in sorted(summaries, key=lambda r: (r["machine_run"], -r["metrics"][reps.USEFUL])):
             if reps.trains_every_tower(r) == frozen:
                 continue
             m = r["metrics"]
             towers = " / ".join(f"{m[k]:.1%}" if k in m else "-" for k in ("mfu_vit", "mfu_projector", "mfu_decoder"))
-            lines.append(f"| {r['case']} | {r['lease']} | {m['runs']} | {cell(m, reps.USEFUL, '.0f')} | "
+            lines.append(f"| {r['case']} | {r['machine_run']} | {m['runs']} | {cell(m, reps.USEFUL, '.0f')} | "
                          f"{cell(m, 'mfu', '.1%')} | {cell(m, 'step_s', '.2f')} | {cell(m, 'peak_mem_gib', '.0f')} | "
                          f"{towers} |")
     lines.append("")
-    # the latest row of each name: a later H1 summary on a lease writes its peer ratio and towers row again
+    # the latest row of each name: a later H1 summary on a machine run writes its peer ratio and towers row again
     for r in store.latest(rows):
         m = r["metrics"]
         if r["name"].startswith("vs-bridge-recipe_"):
-            lines.append(f"- vs_bridge_recipe ({r['lease']}): {m['vs_bridge_recipe']:.2f} = {m['vlmtrain_case']} / "
-                         f"{reps.BRIDGE_RECIPE}, median useful tokens/s/GPU {m['vlmtrain_' + reps.USEFUL]:.0f} "
-                         f"/ {m['bridge_recipe_' + reps.USEFUL]:.0f}")
+            lines.append(f"- vs_bridge_recipe ({r['machine_run']}): {m['vs_bridge_recipe']:.2f} = "
+                         f"{m['vlmtrain_case']} / {reps.BRIDGE_RECIPE}, median useful tokens/s/GPU "
+                         f"{m['vlmtrain_' + reps.USEFUL]:.0f} / {m['bridge_recipe_' + reps.USEFUL]:.0f}")
         elif r["name"].startswith(ceiling.PREFIX):
             lines.append(f"- bf16 matmul {r['name'].removeprefix(ceiling.PREFIX)}: {cell(m, 'tflops_per_s', '.0f')} "
                          f"TFLOP/s, {m['fraction_of_peak']:.1%} of peak")
         elif r["name"].startswith("towers-vs-ceiling_"):
-            lines.append(f"- towers vs their GEMMs' measured rate ({r['lease']}, {m['case']}): " + ", ".join(
+            lines.append(f"- towers vs their GEMMs' measured rate ({r['machine_run']}, {m['case']}): " + ", ".join(
                 f"{t} {m[f'{t}_tflops_per_s']:.0f} / {m[f'{t}_gemm_ceiling_tflops_per_s']:.0f} TFLOP/s"
                 for t in ("vit", "projector", "decoder") if f"{t}_tflops_per_s" in m))
     return lines
@@ -180,10 +182,11 @@ def report(spec: Spec, results_path: Path, entry: str) -> str:
     for n, r in latest.items():
         if n.startswith("overhead_"):
             lines.append(_overhead_line(n, r))
-        if n.startswith("lease-spread_"):
+        if n.startswith("machine-run-spread_"):
             m = r["metrics"]
-            lines.append(f"- the same case on two machine leases, {n.removeprefix('lease-spread_')}: "
-                         f"{m['useful_tokens_per_s_per_gpu_first_lease']:.0f} and "
-                         f"{m['useful_tokens_per_s_per_gpu_second_lease']:.0f} useful tokens/s/GPU "
-                         f"({m['second_over_first_useful_tokens_per_s_per_gpu']:.2f}x): cross-lease ratios carry it")
+            lines.append(f"- the same case on two machine runs, {n.removeprefix('machine-run-spread_')}: "
+                         f"{m['useful_tokens_per_s_per_gpu_first_machine_run']:.0f} and "
+                         f"{m['useful_tokens_per_s_per_gpu_second_machine_run']:.0f} useful tokens/s/GPU "
+                         f"({m['second_over_first_useful_tokens_per_s_per_gpu']:.2f}x): ratios across machine runs "
+                         "carry it")
     return "\n".join(lines) + "\n"

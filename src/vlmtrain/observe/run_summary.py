@@ -1,7 +1,7 @@
 """Results files: summarize a run directory and append one JSON row per measured run to results/<topic>.jsonl.
 
-A row is {name, command, date, machine, lease, metrics, config}; metric keys carry units. Only the steps after warm-up
-count (the first `skip` steps include compilation, CUDA-graph capture and allocator growth). Rates (tokens/s,
+A row is {name, command, date, machine, machine_run, metrics, config}; metric keys carry units. Only the steps after
+warm-up count (the first `skip` steps include compilation, CUDA-graph capture and allocator growth). Rates (tokens/s,
 TFLOP/s, MFU) are over the whole steady window: total work / total time, i.e. per-step rates weighted by step
 time. A median of per-step rates would overstate them whenever steps carry unequal work (packed real images:
 steps with more tokens run at higher rates; up to ~10 % in results/perf_h200x2.jsonl). Step time and the other

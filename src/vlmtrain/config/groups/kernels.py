@@ -11,7 +11,7 @@
 | fast    | te: fused kernel   | vectorized     | true              | false         | true           | false | te     |
 
 `default` is what Bridge does unless told otherwise. `fast` is what the issue-9 kernels sweep measured on 2 x H200
-(results/perf_h200x2.jsonl, one machine lease, same step-1 loss): CUTLASS grouped GEMM 1.13x useful tokens/s at
+(results/perf_h200x2.jsonl, one machine run, same step-1 loss): CUTLASS grouped GEMM 1.13x useful tokens/s at
 packed MBS 8 (TE #2045: per-expert GEMMs are small and many in fine-grained MoE); the fused router and TE cross
 entropy 0.97x (no speed change within noise) at 8 GiB less peak memory, which let MBS grow from 8 to 12.
 TE reads NVTE_USE_CUTLASS_GROUPED_GEMM from the environment when it runs a grouped GEMM, so `env()` feeds

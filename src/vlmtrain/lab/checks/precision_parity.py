@@ -6,13 +6,12 @@
 
 Every run is `python train.py` on the 30B-A3B layer shapes at 4 decoder layers, real images (data=realistic),
 MBS 1, GBS 1, the same seed and data order for every recipe, one run after another. Run dirs go under
-outputs/precision/<lease>/<mode>/<recipe>-<i> (case.json: rc, command, the GPU machine and the lease: the machine's
-boot id, one per lent machine); `summarize` (on any machine) appends to results/precision_h200.jsonl one row per
-run and one summary row per recipe and lease: the median of its speed runs' steady step_s / useful tokens/s with
-the min-max spread, the speed ratio against BF16's median on the same lease and samples, the peak memory of all
-its runs, and the loss parity
-of its 100-step run against BF16's: the largest absolute difference of the two loss curves after a centred moving
-average (PARITY_WINDOW).
+outputs/precision/<machine run>/<mode>/<recipe>-<i> (case.json: rc, command, the GPU machine and the machine run,
+vlmtrain.lab.store.machine_run); `summarize` (on any machine) appends to results/precision_h200.jsonl one row per
+run and one summary row per recipe and machine run: the median of its speed runs' steady step_s / useful tokens/s
+with the min-max spread, the speed ratio against BF16's median on the same machine run and samples, the peak memory
+of all its runs, and the loss parity of its 100-step run against BF16's: the largest absolute difference of the two
+loss curves after a centred moving average (PARITY_WINDOW).
 """
 
 from __future__ import annotations
@@ -43,17 +42,17 @@ PARITY_TOLERANCE_NATS = 0.05
 
 
 def next_index(mode: str, recipe: str) -> int:
-    """The first unused run number of this lease, so that repeats split over several calls add runs."""
-    return sum(1 for _ in (OUT / store.lease() / mode).glob(f"{recipe}-*/case.json"))
+    """The first unused run number of this machine run, so that repeats split over several calls add runs."""
+    return sum(1 for _ in (OUT / store.machine_run() / mode).glob(f"{recipe}-*/case.json"))
 
 
 def run_case(mode: str, recipe: str) -> dict[str, object]:
     i = next_index(mode, recipe)
     overrides = [*BASE, *RECIPES[recipe], f"train.iterations={STEPS[mode]}"]
-    run = runner.start(overrides, OUT / store.lease() / mode / f"{recipe}-{i}")
+    run = runner.start(overrides, OUT / store.machine_run() / mode / f"{recipe}-{i}")
     rc = run.wait()
     meta = {"mode": mode, "recipe": recipe, "i": i, "rc": rc, "wall_s": round(run.wall_s(), 1),
-            "command": runner.recorded(overrides), "machine": store.machine(), "lease": store.lease()}
+            "command": runner.recorded(overrides), "machine": store.machine(), "machine_run": store.machine_run()}
     (run.run_dir / "case.json").write_text(json.dumps(meta))
     print(f"[precision] {mode} {recipe} #{i}: rc {rc}, {meta['wall_s']} s", flush=True)
     return meta
@@ -69,40 +68,40 @@ def parity(a: list[float], b: list[float]) -> float:
     return max(abs(x - y) for x, y in zip(smoothed(a[:n]), smoothed(b[:n]), strict=True))
 
 
-FIRST_LEASE = "lease-1"
-"""The lease of the runs made before case.json recorded one (all on one lease of 2026-12-01)."""
+FIRST_MACHINE_RUN = "boot-1"
+"""The machine run of the runs made before case.json recorded one (all on one machine run of 2026-12-01)."""
 
 
 def row_name(name: str, where: str) -> str:
-    """A results row's name: the first lease's rows keep the names they were first written under."""
-    return name if where == FIRST_LEASE else f"{name}_{where}"
+    """A results row's name: the first machine run's rows keep the names they were first written under."""
+    return name if where == FIRST_MACHINE_RUN else f"{name}_{where}"
 
 
-def summarize(path: Path, commit: str, leases: list[str] | None = None, run_rows: bool = True) -> None:
-    """Rows for the runs (unless not `run_rows`) and the per-recipe summaries of `leases` (default all). Speed
+def summarize(path: Path, commit: str, machine_runs: list[str] | None = None, run_rows: bool = True) -> None:
+    """Rows for the runs (unless not `run_rows`) and the per-recipe summaries of `machine_runs` (default all). Speed
     comes from the speed runs only: the data order follows train.iterations, so a 100-step parity run trains on
     other samples in its first steps than a 10-step run, and equal useful work means equal iterations. The BF16
-    loss curve for parity is read from any lease (the loss does not depend on the machine)."""
+    loss curve for parity is read from any machine run (the loss does not depend on the machine)."""
     runs: dict[tuple[str, str], list[tuple[dict, dict, list[float]]]] = {}
     for case in sorted(OUT.glob("**/case.json")):
         meta = json.loads(case.read_text())
-        meta.setdefault("lease", FIRST_LEASE)
+        meta.setdefault("machine_run", FIRST_MACHINE_RUN)
         rows = run_summary.read_jsonl(case.parent / "metrics.jsonl") if (case.parent / "metrics.jsonl").exists() else []
         # steady_nonpad_tokens: the counted steps' real tokens, equal for two runs only if they saw the same samples
         summary = {**run_summary.summarize_rows(rows), "steady_nonpad_tokens": sum(r.get("nonpad_tokens", 0)
                    for r in run_summary.steady(rows))} if rows else {}
         losses = [r["lm_loss"] for r in rows if isinstance(r.get("lm_loss"), int | float)]
-        runs.setdefault((meta["lease"], meta["recipe"]), []).append((meta, summary, losses))
-        if run_rows and (not leases or meta["lease"] in leases):
-            store.append(path, row_name(f"30b-shape-l4_{meta['recipe']}_{meta['mode']}-{meta['i']}", meta["lease"]),
-                           meta["command"], {"rc": meta["rc"], **summary}, commit=commit, wall_s=meta["wall_s"],
-                           machine=meta["machine"], lease=meta["lease"])
+        runs.setdefault((meta["machine_run"], meta["recipe"]), []).append((meta, summary, losses))
+        if run_rows and (not machine_runs or meta["machine_run"] in machine_runs):
+            name = row_name(f"30b-shape-l4_{meta['recipe']}_{meta['mode']}-{meta['i']}", meta["machine_run"])
+            store.append(path, name, meta["command"], {"rc": meta["rc"], **summary}, commit=commit,
+                         wall_s=meta["wall_s"], machine=meta["machine"], machine_run=meta["machine_run"])
     # a run stopped before its last step (rc != 0) still counts with the steps it made; the row says so
     ok = {k: [(m, s, losses) for m, s, losses in v if s.get("steps", 0) > run_summary.SKIP] for k, v in runs.items()}
     base_loss = next((losses for (_, r), v in ok.items() if r == "bf16" for m, _, losses in v
                       if m["mode"] == "parity"), None)
     for (where, recipe), done in ok.items():
-        if leases and where not in leases:
+        if machine_runs and where not in machine_runs:
             continue
         metrics = {"peak_mem_gib": max(s["peak_mem_gib"] for _, s, _ in done)}
         metrics |= speed([s for m, s, _ in done if m["mode"] == "speed"],
@@ -114,12 +113,12 @@ def summarize(path: Path, commit: str, leases: list[str] | None = None, run_rows
         store.append(path, row_name(f"30b-shape-l4_{recipe}_summary", where),
                        "python -m vlmtrain.lab.checks.precision_parity summarize", metrics, commit=commit,
                        recipe=recipe,
-                       machine=done[0][0]["machine"], lease=where)
+                       machine=done[0][0]["machine"], machine_run=where)
         print(f"[precision] {recipe} ({where}): {json.dumps(metrics)}", flush=True)
 
 
 def speed(timed: list[dict], bf16: list[dict]) -> dict[str, object]:
-    """Median and min-max of the speed runs, and the ratio to BF16's median on the same lease and samples."""
+    """Median and min-max of the speed runs, and the ratio to BF16's median on the same machine run and samples."""
     if not timed:
         return {}
     out: dict[str, object] = {
@@ -139,13 +138,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("mode", choices=["parity", "speed", "summarize"])
     ap.add_argument("--only", nargs="*", default=list(RECIPES))
     ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--lease", nargs="*", help="summarize: write rows for these leases only")
+    ap.add_argument("--machine-run", nargs="*", help="summarize: write rows for these machine runs only")
     ap.add_argument("--summaries-only", action="store_true", help="summarize: no per-run rows")
     ap.add_argument("--results", type=Path, default=ROOT / "results" / "precision_h200.jsonl")
     ap.add_argument("--commit", default=os.environ.get("VLMTRAIN_COMMIT", "unknown"))
     args = ap.parse_args(argv)
     if args.mode == "summarize":
-        summarize(args.results, args.commit, args.lease, run_rows=not args.summaries_only)
+        summarize(args.results, args.commit, args.machine_run, run_rows=not args.summaries_only)
         return 0
     metas = [run_case(args.mode, r) for _ in range(args.repeats) for r in args.only]
     return int(any(m["rc"] for m in metas))

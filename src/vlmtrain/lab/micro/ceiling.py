@@ -1,6 +1,6 @@
 """The ceiling of issue 23: the bf16 GEMM rate this card reaches with torch.matmul, at 8192^3 and at the GEMM shapes
-of benchmark H1's model, one row each in results/perf_h200.jsonl; and, once an H1 summary of the same lease exists,
-each tower's achieved rate against its own GEMMs' measured rate (`towers_vs_ceiling`).
+of benchmark H1's model, one row each in results/perf_h200.jsonl; and, once an H1 summary of the same machine run
+exists, each tower's achieved rate against its own GEMMs' measured rate (`towers_vs_ceiling`).
 
 Shapes come from the model config (conf/model/qwen3_vl_30b_a3b.yaml through vlmtrain.config) and the token counts from
 the H1 case (conf/tune/perf_h200.yaml `h1`): M = one micro-batch's tokens, the packing capacity T, for the decoder's
@@ -113,11 +113,11 @@ def row_metrics(g: Gemm, rates: list[float], peak: float) -> dict[str, Any]:
             "m": g.m, "k": g.k, "n": g.n, "batch": g.batch, "tower": g.tower}
 
 
-def tower_ceilings(rows: list[dict[str, Any]], lease: str) -> dict[str, float]:
-    """Per tower, the measured rate of its GEMMs on `lease` (FLOP-weighted: their FLOPs over their summed times, one
-    matmul of each; the expert GEMMs by their batched form, how the grouped GEMM runs them)."""
-    mine = {r["name"].removeprefix(PREFIX).removesuffix(f"_{lease}"): r["metrics"] for r in rows
-            if r["name"].startswith(PREFIX) and r.get("lease") == lease and "tflops_per_s" in r["metrics"]}
+def tower_ceilings(rows: list[dict[str, Any]], machine_run: str) -> dict[str, float]:
+    """Per tower, the measured rate of its GEMMs on `machine_run` (FLOP-weighted: their FLOPs over their summed times,
+    one matmul of each; the expert GEMMs by their batched form, how the grouped GEMM runs them)."""
+    mine = {r["name"].removeprefix(PREFIX).removesuffix(f"_{machine_run}"): r["metrics"] for r in rows
+            if r["name"].startswith(PREFIX) and r.get("machine_run") == machine_run and "tflops_per_s" in r["metrics"]}
     out = {}
     for tower in ("vit", "projector", "decoder"):
         parts = [m for n, m in mine.items() if m.get("tower") == tower and not n.startswith("expert_")]
@@ -127,15 +127,15 @@ def tower_ceilings(rows: list[dict[str, Any]], lease: str) -> dict[str, float]:
     return out
 
 
-def towers_vs_ceiling(rows: list[dict[str, Any]], lease: str, peak: float) -> dict[str, Any] | None:
-    """The best full-training H1 case of the lease (repeats.best_h1): each tower's achieved TFLOP/s (mfu_<tower> x
-    peak) and its fraction of that tower's measured GEMM rate; None until both exist on the lease."""
-    ceilings, h1 = tower_ceilings(rows, lease), repeats.best_h1(rows, lease)
+def towers_vs_ceiling(rows: list[dict[str, Any]], machine_run: str, peak: float) -> dict[str, Any] | None:
+    """The best full-training H1 case of the machine run (repeats.best_h1): each tower's achieved TFLOP/s (mfu_<tower> x
+    peak) and its fraction of that tower's measured GEMM rate; None until both exist on the machine run."""
+    ceilings, h1 = tower_ceilings(rows, machine_run), repeats.best_h1(rows, machine_run)
     if not ceilings or h1 is None:
         return None
     best, m = h1[0], h1[1]["metrics"]
     out: dict[str, Any] = {"case": best, "square_8192_tflops_per_s": next(
-        (r["metrics"]["tflops_per_s"] for r in rows if r["name"] == f"{PREFIX}square_8192_{lease}"), None)}
+        (r["metrics"]["tflops_per_s"] for r in rows if r["name"] == f"{PREFIX}square_8192_{machine_run}"), None)}
     for tower, ceiling in ceilings.items():
         if f"mfu_{tower}" in m:
             achieved = m[f"mfu_{tower}"] * peak
@@ -155,8 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=5, help="timed repeats per shape (median and min-max)")
     ap.add_argument("--results", type=Path, default=ROOT / "results" / "perf_h200.jsonl")
     ap.add_argument("--list", action="store_true", help="print the shapes and exit (CPU)")
-    ap.add_argument("--towers", metavar="LEASE", help="CPU: append LEASE's towers-vs-ceiling row again from the "
-                    "recorded rows (after an H1 summary landed on that lease later than its ceiling rows)")
+    ap.add_argument("--towers", metavar="MACHINE_RUN", help="CPU: append MACHINE_RUN's towers-vs-ceiling row again "
+                    "from the recorded rows (after an H1 summary landed on that machine run later than its ceiling "
+                    "rows)")
     args = ap.parse_args(argv)
     if args.repeats < 3:
         ap.error("--repeats must be >= 3: a median needs them")
@@ -175,28 +176,29 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("matmul_ceiling: needs a GPU (--list prints the shapes here)", file=sys.stderr)
         return 2
-    lease, peak = store.lease(), source["peak_bf16_tflops"]
+    machine_run, peak = store.machine_run(), source["peak_bf16_tflops"]
     cmd = "python -m vlmtrain.lab.micro.ceiling" + (f" --repeats {args.repeats}" if args.repeats != 5 else "")
     for g in gemms:
         metrics = row_metrics(g, time_gemm(g, args.repeats, iterations(g)), peak)
-        store.append(args.results, f"{PREFIX}{g.name}_{lease}", cmd, metrics, lease=lease, source=source,
-                       device=torch.cuda.get_device_name(0))
+        store.append(args.results, f"{PREFIX}{g.name}_{machine_run}", cmd, metrics, machine_run=machine_run,
+                       source=source, device=torch.cuda.get_device_name(0))
         print(f"[ceiling] {g.name}: {metrics['tflops_per_s']:.0f} TFLOP/s ({metrics['tflops_per_s_min']:.0f}-"
               f"{metrics['tflops_per_s_max']:.0f}), {metrics['fraction_of_peak']:.1%} of {peak:.0f}", flush=True)
-    append_towers(args.results, lease, peak, cmd)
+    append_towers(args.results, machine_run, peak, cmd)
     return 0
 
 
-def append_towers(path: Any, lease: str, peak: float, command: str) -> dict[str, Any] | None:
-    """The towers-vs-ceiling row of `lease`, once its ceiling rows and an H1 summary are in the results file."""
+def append_towers(path: Any, machine_run: str, peak: float, command: str) -> dict[str, Any] | None:
+    """The towers-vs-ceiling row of `machine_run`, once its ceiling rows and an H1 summary are in the results file."""
     from vlmtrain.observe import run_summary
 
-    metrics = towers_vs_ceiling(run_summary.read_jsonl(path), lease, peak)
+    metrics = towers_vs_ceiling(run_summary.read_jsonl(path), machine_run, peak)
     if metrics is None:
-        print(f"[ceiling] no H1 summary on {lease} yet: the towers-vs-ceiling row comes with a later run", flush=True)
+        print(f"[ceiling] no H1 summary on {machine_run} yet: the towers-vs-ceiling row comes with a later run",
+              flush=True)
         return None
-    print(f"[ceiling] towers vs their GEMM ceilings ({lease}): {metrics}", flush=True)
-    return store.append(path, f"towers-vs-ceiling_{lease}", command, metrics, lease=lease)
+    print(f"[ceiling] towers vs their GEMM ceilings ({machine_run}): {metrics}", flush=True)
+    return store.append(path, f"towers-vs-ceiling_{machine_run}", command, metrics, machine_run=machine_run)
 
 
 if __name__ == "__main__":
