@@ -369,7 +369,7 @@ def test_overhead_picks_perf_cases_and_launches_like_vlmtrain() -> None:
     assert overhead_ab.pick(PERF, "3d-tp2", 10).name.startswith("30b-l8_3d-tp2-ep2_")
     cmd = overhead.direct_command(Path("r/run_config.yaml"), 2, "29500")
     assert cmd[1:6] == ["-m", "torch.distributed.run", "--nproc-per-node=2", "--nnodes=1", "--master-port"]
-    assert cmd[-2:] == [str(ROOT / "benchmarks" / "direct_pretrain.py"), "r/run_config.yaml"]
+    assert cmd[-3:] == ["-m", overhead.BRIDGE_ALONE, "r/run_config.yaml"]
 
 
 def test_report_states_every_claim_from_the_results_file(tmp_path: Path) -> None:
