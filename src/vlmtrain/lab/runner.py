@@ -129,10 +129,10 @@ class Run:
 
 def spawn(cmd: Sequence[str], run_dir: Path, *, log: Path | None = None, env: Mapping[str, str] | None = None,
           gpus: Sequence[int] | None = None, port: int | None = None, timeout_s: float | None = None,
-          fresh: bool = False) -> Run:
-    """Start `cmd` in its own session from the checkout, stdout and stderr into `log` (default run_dir/train.log),
-    with os.environ plus `env`, CUDA_VISIBLE_DEVICES=`gpus` and MASTER_PORT=`port` (each when given) and
-    PYTHONUNBUFFERED=1; `fresh` empties run_dir first (a re-run must not append to old files)."""
+          fresh: bool = False, cwd: Path = ROOT) -> Run:
+    """Start `cmd` in its own session in `cwd` (default: this checkout), stdout and stderr into `log` (default
+    run_dir/train.log), with os.environ plus `env`, CUDA_VISIBLE_DEVICES=`gpus` and MASTER_PORT=`port` (each when
+    given) and PYTHONUNBUFFERED=1; `fresh` empties run_dir first (a re-run must not append to old files)."""
     if fresh:
         shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -144,7 +144,7 @@ def spawn(cmd: Sequence[str], run_dir: Path, *, log: Path | None = None, env: Ma
     if port is not None:
         full["MASTER_PORT"] = str(port)
     with log.open("wb") as out:  # the child holds its own copy of the file
-        proc = subprocess.Popen(list(cmd), cwd=ROOT, env=full, stdout=out, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(list(cmd), cwd=cwd, env=full, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     return Run(proc, run_dir, log, timeout_s)
 

@@ -14,27 +14,26 @@ every option of every config group at least once and all four models; the data k
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 from pathlib import Path
 
+from vlmtrain.lab import cases, runner
 from vlmtrain.lab.runner import ROOT, TRAIN_PY
 
 INPUTS = "{inputs}"
 """Placeholder in overrides for DIR/inputs, where the exported datasets go."""
 CASES: dict[str, list[str]] = {
-    "tiny_defaults": ["model=tiny"],
-    "tiny_3d_fast_selective_graph": ["model=tiny", "parallelism=3d", "kernels=fast", "recompute=selective",
+    "tiny_defaults": cases.TINY,
+    "tiny_3d_fast_selective_graph": [*cases.TINY, "parallelism=3d", "kernels=fast", "recompute=selective",
                                      "cuda_graph=moe_router_preprocess", "dispatcher=alltoall", "hardware=h100"],
-    "tiny_jsonl_frozen": ["model=tiny", "data=jsonl", f"data.path={INPUTS}/jsonl/data.jsonl", "vision=frozen"],
-    "tiny_parquet_full_recompute": ["model=tiny", "data=parquet", f"data.path={INPUTS}/parquet/data.parquet",
+    "tiny_jsonl_frozen": [*cases.TINY, "data=jsonl", f"data.path={INPUTS}/jsonl/data.jsonl", "vision=frozen"],
+    "tiny_parquet_full_recompute": [*cases.TINY, "data=parquet", f"data.path={INPUTS}/parquet/data.parquet",
                                     "recompute=full", "vision=frozen_with_projector"],
-    "tiny_hf_packed": ["model=tiny", "data=hf", f"data.path={INPUTS}/hf", "data.packing=2048",
+    "tiny_hf_packed": [*cases.TINY, "data=hf", f"data.path={INPUTS}/hf", "data.packing=2048",
                        "train.micro_batch_size=1"],
-    "tiny_energon": ["model=tiny", "data=energon", f"data.path={INPUTS}/energon"],
-    "30b_l4_realistic_fp8_3d": ["model=qwen3_vl_30b_a3b", "model.num_layers=4", "data=realistic", "precision=fp8",
-                                "parallelism=3d", "gpus_per_node=2"],
+    "tiny_energon": [*cases.TINY, "data=energon", f"data.path={INPUTS}/energon"],
+    "30b_l4_realistic_fp8_3d": [*cases.SHAPE_30B, "precision=fp8", "parallelism=3d", "gpus_per_node=2"],
     "35b_l4_mock_b200_mxfp8": ["model=qwen35_vl_35b_a3b", "model.num_layers=4", "data=mock", "hardware=b200",
                                "precision=mxfp8", "dispatcher=deepep", "gpus_per_node=8"],
     "235b_l2_gb200_nvfp4_hybridep": ["model=qwen3_vl_235b_a22b", "model.num_layers=2", "hardware=gb200",
@@ -71,14 +70,14 @@ def write(out: Path, only: list[str] | None = None, checkout: Path = ROOT) -> in
             continue
         run_dir = out / "runs" / name
         args = [o.replace(INPUTS, str(inputs)) for o in overrides]
-        env = dict(os.environ, PYTHONPATH=str(checkout / "src"))
-        proc = subprocess.run([sys.executable, str(checkout / TRAIN_PY.name), *args, "dry_run=true",
-                               "wandb.enabled=false", f"hydra.run.dir={run_dir}"], cwd=checkout, env=env,
-                              capture_output=True, text=True)
-        yaml = run_dir / "bridge_config.yaml"
-        if proc.returncode != 0 or not yaml.is_file():
+        cmd = [sys.executable, str(checkout / TRAIN_PY.name), *args, "dry_run=true", "wandb.enabled=false",
+               f"hydra.run.dir={run_dir}"]
+        run = runner.spawn(cmd, run_dir, log=out / "logs" / f"{name}.log", env={"PYTHONPATH": str(checkout / "src")},
+                           cwd=checkout, fresh=True)
+        rc, yaml = run.wait(), run_dir / "bridge_config.yaml"
+        if rc != 0 or not yaml.is_file():
             failed.append(name)
-            print(f"[config-bytes] {name}: exit {proc.returncode}\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+            print(f"[config-bytes] {name}: exit {rc}\n{run.log.read_text(errors='replace')[-4000:]}")
             continue
         (out / f"{name}.yaml").write_text(normalized(yaml.read_text(), run_dir, checkout))
         print(f"[config-bytes] {name}: {len(yaml.read_bytes())} bytes", flush=True)

@@ -19,14 +19,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from vlmtrain.config import architecture as arch
-from vlmtrain.lab import repeats, store
+from vlmtrain.lab import cases, repeats, store
 
 if TYPE_CHECKING:
     from vlmtrain.config.groups.model import ModelConfig
 
 PREFIX = "matmul-ceiling_"
-H1_MODEL = ["model=qwen3_vl_30b_a3b", "model.num_layers=4", "experiment=perf_h200x2_best", "gpus_per_node=1",
-            "parallelism.ep=1"]
+H1_MODEL = [*cases.L4_30B, "experiment=perf_h200x2_best", "gpus_per_node=1", "parallelism.ep=1"]
 """The H1 case's model and packing capacity, composed as conf/tune/perf_h200.yaml's `h1` case composes them."""
 
 
