@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 RUNS = sorted((ROOT / "tests" / "fixtures" / "precision_h200").iterdir())
 """Three real 1 x H200 runs (metrics.jsonl with per-component times and FLOPs)."""
 RECORDED = ROOT / "tests" / "fixtures" / "perf_h200" / "rows.jsonl"
-"""The rows of results/perf_h200.jsonl that four one-H200 leases recorded (tests/fixtures/README.md)."""
+"""The rows of results/perf_h200.jsonl of the one-H200 leases these tests replay (tests/fixtures/README.md)."""
 PERF = spec.load("perf_h200")
 ENTRY = "vlmtrain sweep perf_h200"
 H1_START = ["experiment=perf_h200x2_best", "gpus_per_node=1", "parallelism.ep=1", "model.num_layers=4"]
