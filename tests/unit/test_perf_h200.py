@@ -25,6 +25,8 @@ from vlmtrain.observe import run_summary
 ROOT = Path(__file__).resolve().parents[2]
 RUNS = sorted((ROOT / "tests" / "fixtures" / "precision_h200").iterdir())
 """Three real 1 x H200 runs (metrics.jsonl with per-component times and FLOPs)."""
+RECORDED = ROOT / "tests" / "fixtures" / "perf_h200" / "rows.jsonl"
+"""The rows of results/perf_h200.jsonl of the one-H200 leases these tests replay (tests/fixtures/README.md)."""
 PERF = spec.load("perf_h200")
 ENTRY = "vlmtrain sweep perf_h200"
 H1_START = ["experiment=perf_h200x2_best", "gpus_per_node=1", "parallelism.ep=1", "model.num_layers=4"]
@@ -252,7 +254,7 @@ def test_ceiling_shapes_come_from_the_model_config(capsys: pytest.CaptureFixture
 def test_towers_vs_ceiling_describes_the_best_full_training_case() -> None:
     """Replayed from the rows one H200 lease recorded (ceiling rows, H1 summaries with and without frozen vision): each
     tower's rate is its MFU x peak over its own GEMMs' measured rate, for the fastest case that trains every tower."""
-    rows, lease, peak = run_summary.read_jsonl(ROOT / "results" / "perf_h200.jsonl"), "lease-0eb4da4d", 989.0
+    rows, lease, peak = run_summary.read_jsonl(RECORDED), "lease-0eb4da4d", 989.0
     cases = repeats.summaries(rows, lease)
     frozen = [n for n, r in cases.items() if not repeats.trains_every_tower(r)]
     best, summary = repeats.best_h1(rows, lease)
@@ -270,7 +272,7 @@ def test_report_pairs_claims_and_ranks_cases_within_one_lease(tmp_path: Path) ->
     """From the recorded one-H200 rows: a claim is the ratio of its two cases' medians on the latest lease both ran on
     (h1 also ran alone on other leases, whose figures differ by more than the claims do); frozen-vision summaries
     stand in their own table; a claim whose sides never shared a lease says so."""
-    path = ROOT / "results" / "perf_h200.jsonl"
+    path = RECORDED
     rows = run_summary.read_jsonl(path)
     md = sweep_report.report(PERF, path, f"{ENTRY} --report")
     h1, both, timing0 = (PERF.case(c).name for c in (
