@@ -248,7 +248,7 @@ def test_padded_vit_attention_adds_what_the_h1_runs_measured(compose):
     assert own.allocated == plain.allocated
     grown = padded.vision_activations - plain.vision_activations
     assert padded.decoder_activations == plain.decoder_activations and grown > 0
-    rows = {r["name"]: r for r in run_summary.read_jsonl(ROOT / "results" / "perf_h200.jsonl")
+    rows = {r["name"]: r for r in run_summary.read_jsonl(FIXTURES / "perf_h200" / "rows.jsonl")
             if r.get("machine_run") == "boot-4a774566" and r["name"].endswith("_summary")}
     base = "h1_h200x2-best_3d-ep1_mbs1_packed12288_cg-none_gbs4"
     measured = (rows[f"{base}_vit-attn128_summary"]["metrics"]["peak_mem_gib"]
@@ -263,7 +263,7 @@ def test_logits_bytes_are_the_measured_ones():
     from vlmtrain.check.memory.activations import LOGITS_BYTES
     from vlmtrain.config.groups.kernels import CrossEntropy
 
-    rows = {r["name"]: r["metrics"] for r in run_summary.read_jsonl(ROOT / "results" / "logits_memory_h200.jsonl")}
+    rows = {r["name"]: r["metrics"] for r in run_summary.read_jsonl(FIXTURES / "logits_memory_h200" / "rows.jsonl")}
     assert sorted(rows) == ["logits-memory_native", "logits-memory_te"]
     for impl in CrossEntropy:
         assert LOGITS_BYTES[impl] == pytest.approx(rows[f"logits-memory_{impl}"]["bytes_per_logit"], rel=0.01)

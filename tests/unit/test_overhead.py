@@ -156,4 +156,4 @@ def test_overhead_picks_perf_cases_and_launches_like_vlmtrain() -> None:
     assert overhead_ab.pick(PERF, "3d-tp2", 10).name.startswith("30b-l8_3d-tp2-ep2_")
     cmd = overhead.direct_command(Path("r/run_config.yaml"), 2, "29500")
     assert cmd[1:6] == ["-m", "torch.distributed.run", "--nproc-per-node=2", "--nnodes=1", "--master-port"]
-    assert cmd[-3:] == ["-m", overhead.BRIDGE_ALONE, "r/run_config.yaml"]
+    assert cmd[-3:] == ["-m", "vlmtrain.lab.bridge_alone", "r/run_config.yaml"]  # torchrun runs Bridge alone

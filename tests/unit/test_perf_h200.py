@@ -1,9 +1,9 @@
 """One H200 (issue 23's benchmark H1, issue 22's packing cases): the perf_h200 spec composes to the configurations it
 names, `vlmtrain sweep --repeats` runs each case until the machine run has N runs and writes the median row,
 per-tower MFU is derived from real run files, vs_bridge_recipe pairs summaries of one machine run, the matmul ceiling
-reads the model's shapes. The GPU runs are the only test double: a trial copies a real recorded 1 x H200 run dir of
-the 30B-A3B shapes at 4 decoder layers (tests/fixtures/precision_h200, from vlmtrain.lab.checks.precision_parity)
-into its run dir."""
+reads the model's shapes. The GPU runs are the only test double: a trial copies a real recorded 1 x H200 run dir of the
+30B-A3B shapes at 4 decoder layers (tests/fixtures/precision_h200, from vlmtrain.lab.checks.precision_parity) into its
+run dir."""
 
 from __future__ import annotations
 
@@ -26,6 +26,8 @@ from vlmtrain.observe import run_summary
 ROOT = Path(__file__).resolve().parents[2]
 RUNS = sorted((ROOT / "tests" / "fixtures" / "precision_h200").iterdir())
 """Three real 1 x H200 runs (metrics.jsonl with per-component times and FLOPs)."""
+RECORDED = ROOT / "tests" / "fixtures" / "perf_h200" / "rows.jsonl"
+"""The rows of results/perf_h200.jsonl of the one-H200 machine runs these tests replay (tests/fixtures/README.md)."""
 PERF = spec.load("perf_h200")
 ENTRY = "vlmtrain sweep perf_h200"
 H1_START = ["experiment=perf_h200x2_best", "gpus_per_node=1", "parallelism.ep=1", "model.num_layers=4"]
@@ -256,7 +258,7 @@ def test_towers_vs_ceiling_describes_the_best_full_training_case() -> None:
     """Replayed from the rows one H200 machine run recorded (ceiling rows, H1 summaries with and without frozen
     vision): each tower's rate is its MFU x peak over its own GEMMs' measured rate, for the fastest case that trains
     every tower."""
-    rows, machine_run, peak = run_summary.read_jsonl(ROOT / "results" / "perf_h200.jsonl"), "boot-0eb4da4d", 989.0
+    rows, machine_run, peak = run_summary.read_jsonl(RECORDED), "boot-0eb4da4d", 989.0
     cases = repeats.summaries(rows, machine_run)
     frozen = [n for n, r in cases.items() if not repeats.trains_every_tower(r)]
     best, summary = repeats.best_h1(rows, machine_run)
@@ -274,7 +276,7 @@ def test_report_pairs_claims_and_ranks_cases_within_one_machine_run(tmp_path: Pa
     """From the recorded one-H200 rows: a claim is the ratio of its two cases' medians on the latest machine run both
     ran on (h1 also ran alone on other machine runs, whose figures differ by more than the claims do); frozen-vision
     summaries stand in their own table; a claim whose sides never shared a machine run says so."""
-    path = ROOT / "results" / "perf_h200.jsonl"
+    path = RECORDED
     rows = run_summary.read_jsonl(path)
     md = sweep_report.report(PERF, path, f"{ENTRY} --report")
     h1, both, timing0 = (PERF.case(c).name for c in (

@@ -1,5 +1,5 @@
 """The startup spans of a run's first metrics row (vlmtrain.observe.startup) from this test process's real start
-time, and their way into a benchmark row's metrics (observe.run_summary.summarize_rows) from a recorded GPU run's rows."""
+time, and their way into a benchmark row's metrics (run_summary.summarize_rows) from a recorded GPU run's rows."""
 
 from __future__ import annotations
 

@@ -1,12 +1,13 @@
 """vlmtrain.observe.timing on CPU: the pure arithmetic, and the hook wiring on real torch modules with real autograd.
 
-CUDA events are the only GPU-only piece (timing.cuda_mark / cuda_elapsed_s); here the same Timeline runs on the
-host clock, which is exact for CPU execution.
+CUDA events are the only GPU-only piece (timing.cuda_mark / cuda_elapsed_s); here the same Timeline runs on a host
+clock that moves by a fixed tick per read and by what the stand-in data and optimizer say they took, so every
+interval is exact and no test depends on how busy the machine is.
 """
 
 from __future__ import annotations
 
-import time
+import types
 from itertools import count
 from pathlib import Path
 
@@ -15,6 +16,8 @@ import torch
 from torch import nn
 
 from vlmtrain.observe import run_summary, timing
+
+RECORDED = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "perf_h200" / "rows.jsonl"
 
 
 def test_attribute_gives_each_interval_to_the_mark_before_it() -> None:
@@ -71,11 +74,34 @@ def test_timeline_skips_marks_the_clock_refuses() -> None:
     assert tl.marks == [("other", 0), ("other", 2)]
 
 
+TICK = 1e-6
+"""What one read of the test clock costs: each mark and each hook's own host time is a whole number of ticks."""
+WAIT = 0.002
+"""What the stand-in data fetch and optimizer step take on the test clock."""
+
+
+class Clock:
+    """perf_counter for the timer: a read advances it by TICK; `advance` is work done between reads."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += TICK
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
 class Optimizer:
     """A plain object with a step() method, as Megatron's optimizer has."""
 
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+
     def step(self) -> tuple[bool, float, int]:
-        time.sleep(0.002)
+        self.clock.advance(WAIT)
         return True, 1.0, 0
 
 
@@ -88,7 +114,7 @@ def towers() -> tuple[nn.Sequential, nn.Linear]:
 def timed_step(timer: timing.StepTimer, vision: nn.Module, decoder: nn.Module, opt: Optimizer) -> list[str]:
     timer.start()
     with timer.data():
-        time.sleep(0.002)
+        opt.clock.advance(WAIT)
     out = decoder(vision(torch.randn(4, 8)))
     out.sum().backward()
     opt.step()
@@ -97,8 +123,16 @@ def timed_step(timer: timing.StepTimer, vision: nn.Module, decoder: nn.Module, o
 
 
 @pytest.fixture
-def host_timer() -> timing.StepTimer:
-    return timing.StepTimer(clock=time.perf_counter, elapsed=timing.host_elapsed_s)
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    """The timer's host clock: its marks and its own perf_counter reads (hooks' host time, data wait) alike."""
+    clock = Clock()
+    monkeypatch.setattr(timing, "time", types.SimpleNamespace(perf_counter=clock))
+    return clock
+
+
+@pytest.fixture
+def host_timer(clock: Clock) -> timing.StepTimer:
+    return timing.StepTimer(clock=clock, elapsed=timing.host_elapsed_s)
 
 
 def attach(timer: timing.StepTimer, vision: nn.Sequential, decoder: nn.Linear, opt: Optimizer) -> None:
@@ -109,9 +143,9 @@ def attach(timer: timing.StepTimer, vision: nn.Sequential, decoder: nn.Linear, o
     timer.attach_optimizer(opt)
 
 
-def test_hooks_follow_forward_and_backward_through_the_towers(host_timer: timing.StepTimer) -> None:
+def test_hooks_follow_forward_and_backward_through_the_towers(host_timer: timing.StepTimer, clock: Clock) -> None:
     vision, decoder = towers()
-    opt = Optimizer()
+    opt = Optimizer(clock)
     attach(host_timer, vision, decoder, opt)
     labels = timed_step(host_timer, vision, decoder, opt)
     forward = ["other", "data", "other", "vision", "projector", "vision", "other", "decoder", "other"]
@@ -120,50 +154,51 @@ def test_hooks_follow_forward_and_backward_through_the_towers(host_timer: timing
     assert labels == [*forward, *backward, "optimizer", "other", "other"]
     totals = host_timer.totals()
     assert set(totals) == {*timing.COMPONENTS, "data_host_s"}
-    assert totals["optimizer"] >= 0.002 and totals["data"] >= 0.002 and totals["data_host_s"] >= 0.002
-    assert all(v > 0 for v in totals.values())
+    for key in ("optimizer", "data", "data_host_s"):  # the wait, plus the few clock reads around it
+        assert totals[key] == pytest.approx(WAIT, abs=10 * TICK)
+    assert all(v >= TICK for v in totals.values())
 
 
-def test_frozen_vision_has_no_vision_backward(host_timer: timing.StepTimer) -> None:
+def test_frozen_vision_has_no_vision_backward(host_timer: timing.StepTimer, clock: Clock) -> None:
     vision, decoder = towers()
     vision[0].requires_grad_(False)
-    opt = Optimizer()
+    opt = Optimizer(clock)
     attach(host_timer, vision, decoder, opt)
     labels = timed_step(host_timer, vision, decoder, opt)
     backward = labels[labels.index("decoder", 8):labels.index("optimizer")]
     assert backward == ["decoder", "other", "projector", "other"]
 
 
-def test_detach_removes_every_hook(host_timer: timing.StepTimer) -> None:
+def test_detach_removes_every_hook(host_timer: timing.StepTimer, clock: Clock) -> None:
     vision, decoder = towers()
-    opt = Optimizer()
+    opt = Optimizer(clock)
     attach(host_timer, vision, decoder, opt)
     host_timer.detach()
     labels = timed_step(host_timer, vision, decoder, opt)
     assert labels == ["other", "data", "other", "other"]
 
 
-def test_timer_counts_its_own_host_time_per_step(host_timer: timing.StepTimer) -> None:
+def test_timer_counts_its_own_host_time_per_step(host_timer: timing.StepTimer, clock: Clock) -> None:
     """The hooks' and marks' host time (part of metrics.jsonl vlmtrain_host_s) is counted, is not the model's or
     the optimizer's or next()'s, and starts again at zero every step; without hooks only the step's own marks count."""
     vision, decoder = towers()
-    opt = Optimizer()
+    opt = Optimizer(clock)
     attach(host_timer, vision, decoder, opt)
-    t0 = time.perf_counter()
+    t0 = clock.now
     timed_step(host_timer, vision, decoder, opt)
-    step_s = time.perf_counter() - t0
     hooked = host_timer.host_s
-    assert 0 < hooked < step_s - 0.004  # the 2 ms of data and 2 ms of optimizer sleep are not the timer's
+    assert 0 < hooked < WAIT  # whole ticks of the hooks' reads; neither wait is the timer's
+    assert hooked < clock.now - t0 - 2 * WAIT
     host_timer.detach()
     timed_step(host_timer, vision, decoder, opt)
-    assert 0 < host_timer.host_s < hooked  # reset by start(); only begin, data and end marks left
+    assert host_timer.host_s == pytest.approx(4 * 2 * TICK)  # reset by start(); 4 marks left, 2 reads each
 
 
 def recorded_h1_runs() -> dict[str, dict[str, float]]:
-    """The H1 runs of three machine runs in results/perf_h200.jsonl, all with data.num_workers=2: rows of 8192 tokens at
-    6.2-6.6 s steps (efb44c3c), of 12288 tokens at ~4 s (2b3014ae), and the same at ~2.9 s with grid-only mask
-    renders (b64c7526), which cost a worker 0.61 s per row instead of 0.81 (results/collate_cpu.jsonl)."""
-    rows = run_summary.read_jsonl(Path(__file__).resolve().parents[2] / "results" / "perf_h200.jsonl")
+    """The H1 runs of four machine runs (tests/fixtures/perf_h200, rows of results/perf_h200.jsonl): rows of 8192
+    tokens at 6.1-6.7 s steps (efb44c3c), of 12288 tokens at 3.8-4.9 s with 2 loader workers (2b3014ae, the one that
+    waited), at ~2.9 s with grid-only mask renders (b64c7526) and at 2.0-3.5 s (0eb4da4d)."""
+    rows = run_summary.read_jsonl(RECORDED)
     return {f"{r['machine_run']}_{r['name']}_{r['run']}": r["metrics"] for r in rows
             if r["name"].startswith("h1_") and "run" in r and "time_data_s" in r["metrics"]}
 

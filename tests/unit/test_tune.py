@@ -1,6 +1,6 @@
 """`vlmtrain tune` end to end on CPU: the real spec, real candidate generation, real preflight pruning (memory estimate
 included), the real search with its state, early stopping, ladder, finalists and outputs; only the GPU runs are a
-test double: each trial replays a real recorded 2 x H200 run (tests/fixtures/perf_h200x2/summary.jsonl, the rows of
+test double: each trial replays a real recorded 2 x H200 run (tests/fixtures/perf_h200x2/perf_h200x2.jsonl, the rows of
 results/perf_h200x2.jsonl) of the configuration it composes to, step by step into its run dir's metrics.jsonl. The
 packed rows were recorded as MBS-sample packing; each stands for the capacity case pack-budget mapped its name to."""
 
@@ -19,7 +19,7 @@ from vlmtrain.lab.tune import outputs, search, space, trials
 from vlmtrain.observe import run_summary
 
 ROOT = Path(__file__).resolve().parents[2]
-RECORDED = ROOT / "tests" / "fixtures" / "perf_h200x2" / "summary.jsonl"
+RECORDED = ROOT / "tests" / "fixtures" / "perf_h200x2" / "perf_h200x2.jsonl"
 SPEC = ROOT / "tests" / "fixtures" / "tune" / "replay_2xh200.yaml"
 NOT_CONFIG = ("output_dir", "name", "choices", "dry_run", "wandb", "preflight")
 
