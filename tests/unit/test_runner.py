@@ -82,8 +82,11 @@ def test_stop_ends_the_process_group_and_kills_what_ignores_sigterm(tmp_path: Pa
     polite = runner.spawn(["bash", "-c", "sleep 300 & wait"], tmp_path / "polite")
     assert polite.poll() is None
     assert polite.stop(grace_s=10) == -15  # SIGTERM to the group ended bash and its sleep
-    stubborn = runner.spawn(["bash", "-c", "trap '' TERM; sleep 300"], tmp_path / "stubborn")
-    time.sleep(0.5)  # the trap is set
+    stubborn = runner.spawn(["bash", "-c", "trap '' TERM; echo ready; sleep 300"], tmp_path / "stubborn")
+    deadline = time.time() + 10
+    while "ready" not in stubborn.log.read_text():  # the trap is set
+        assert time.time() < deadline, "bash did not start"
+        time.sleep(0.05)
     assert stubborn.stop(grace_s=0.5) == -9
 
 
