@@ -14,6 +14,7 @@ import pytest
 from vlmtrain.check import preflight
 from vlmtrain.config import world
 from vlmtrain.config.compose import compose
+from vlmtrain.config.resolve import resolve
 from vlmtrain.lab import cases as run_cases
 from vlmtrain.lab import overhead, overhead_ab, spec, store, sweep, sweep_report
 
@@ -103,7 +104,7 @@ def test_every_case_passes_preflight(case: run_cases.Case, knobs: spec.Case) -> 
     """Packed cases run as capacities that the memory estimate reads: beyond the preset's 12288 tokens (MBS 16,
     which ran out of memory on the GPU as MBS-sample packing) it refuses them."""
     run = composed(case)
-    refused = [f.rule for f in preflight.errors(preflight.check(run))]
+    refused = [f.rule for f in preflight.errors(preflight.check(run, resolve(run)))]
     too_big = knobs.values["data.packing"] and run.data.packing > 12288
     assert refused == (["memory_fits"] if too_big else [])
     assert world.layout(run).world_size == 2 and run.train.seq_length == 4096 and run.model.num_layers == 8
@@ -140,7 +141,7 @@ def test_best_case_ships_as_the_preset(bridge: object, tmp_path: Path) -> None:
     # sub-configs on first use in a process, so only the second build has them: they are not settings
     texts = []
     for name, run in (("preset", preset), ("ran", ran)):
-        redact.write_bridge_yaml(container.build(run), tmp_path / f"{name}.yaml")
+        redact.write_bridge_yaml(container.build(run, resolve(run)), tmp_path / f"{name}.yaml")
         texts.append([line for line in (tmp_path / f"{name}.yaml").read_text().splitlines()
                       if not line.lstrip().startswith(("model_type:", "transformers_version:"))])
     assert texts[0] == texts[1] and len(texts[0]) > 500
@@ -330,7 +331,8 @@ def test_direct_side_gets_its_own_run_dir(tmp_path: Path, capsys: pytest.Capture
     a, b = (OmegaConf.to_container(OmegaConf.load(tmp_path / d / "run_config.yaml")) for d in ("vlmtrain", "direct"))
     assert a.pop("output_dir") == str(tmp_path / "vlmtrain") and b.pop("output_dir") == str(tmp_path / "direct")
     assert a == b and a["train"]["profile_step"] == 6
-    cfgs = [container.build(load_run(tmp_path / d / "run_config.yaml")) for d in ("vlmtrain", "direct")]
+    runs = [load_run(tmp_path / d / "run_config.yaml") for d in ("vlmtrain", "direct")]
+    cfgs = [container.build(r, resolve(r)) for r in runs]
     assert [c.logger.tensorboard_dir for c in cfgs] == [f"{tmp_path}/{d}/tensorboard" for d in ("vlmtrain", "direct")]
     assert isinstance(cfgs[1].profiling, ProfilingConfig) and cfgs[0].profiling == cfgs[1].profiling
 

@@ -189,11 +189,12 @@ class Harness:
         from megatron.bridge.training.setup import setup
         from megatron.bridge.training.state import GlobalState
 
+        from vlmtrain.config import resolve
         from vlmtrain.config.compose import load_run
         from vlmtrain.train import trainer
 
         self.run = load_run(run_config)
-        cfg, self.patched = trainer.build(self.run)
+        cfg, self.patched = trainer.build(self.run, resolve.resolve(self.run))
         runtime_config_update(cfg)
         self.state = GlobalState()
         self.state.cfg = cfg
@@ -403,7 +404,7 @@ def run_cases(only: list[str] | None, results_path: Path, commit: str) -> int:
         run = compose([*BASE, *overrides], output_dir=str(run_dir))
         res = resolve(run)
         preflight.enforce(run, res)
-        prepare.prepare(run)
+        prepare.prepare(run, res)
         rc = local.launch(run, res, module="vlmtrain.lab.checks.packing_equivalence", log="equivalence.log")
         out = json.loads((run_dir / RESULT).read_text()) if (run_dir / RESULT).exists() else {}
         command = "python -m vlmtrain.lab.checks.packing_equivalence --only " + name
