@@ -8,12 +8,11 @@ from vlmtrain.observe.run_summary). Medians of repeats on one machine are vlmtra
 from __future__ import annotations
 
 import datetime as dt
-import json
 import subprocess
 from pathlib import Path
 from typing import Any
 
-from vlmtrain.observe.run_summary import read_jsonl
+from vlmtrain.observe.run_summary import append_jsonl, read_jsonl
 
 __all__ = ["append", "append_jsonl", "latest", "lease", "machine", "read_jsonl"]
 
@@ -58,8 +57,3 @@ def append(results: Path, name: str, command: str, metrics: dict[str, Any], **ex
     results.parent.mkdir(parents=True, exist_ok=True)
     append_jsonl(results, row)
     return row
-
-
-def append_jsonl(path: Path, row: dict[str, Any]) -> None:
-    with path.open("a") as f:
-        f.write(json.dumps(row) + "\n")

@@ -40,6 +40,12 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def append_jsonl(path: Path, row: dict[str, Any]) -> None:
+    """One JSON row at the end of `path` (a run's metrics.jsonl and samples.jsonl; the lab's results files)."""
+    with path.open("a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
 def steady(rows: list[dict[str, Any]], skip: int = SKIP) -> list[dict[str, Any]]:
     """The rows after warm-up; the last row when a run is shorter than its warm-up."""
     return rows[skip:] or rows[-1:]
