@@ -11,7 +11,7 @@ from vlmtrain.build import plan
 from vlmtrain.check import preflight
 from vlmtrain.config import world
 from vlmtrain.config.compose import to_run
-from vlmtrain.config.resolve import resolve
+from vlmtrain.config.resolve import placed
 from vlmtrain.data import prepare
 from vlmtrain.data.scan import BadSample
 from vlmtrain.launch import local, slurm
@@ -51,21 +51,19 @@ def main(cfg: DictConfig) -> int:
     if hc.mode == RunMode.MULTIRUN and run.wandb.group is None:
         run.wandb.group = wandb_run.sweep_group(hc.sweep.dir)
     gpus = world.local_gpus()
+    tasks = int(slurm.slurm_rank_env()["LOCAL_WORLD_SIZE"]) if slurm.under_slurm() else None
+    _, res = placed(run, gpus, slurm_tasks_per_node=tasks)  # every later stage reads the layout from here
     if world.is_dry_run(run, gpus):
         if run.dry_run is None:
             print("[vlmtrain] no GPU on this machine: printing the dry-run plan (dry_run=false forces training).")
-        resolved = resolve(run)
-        return slurm.in_process(run, None, resolved) if slurm.under_slurm() else plan.dry_run(run, resolved)
-    tasks = int(slurm.slurm_rank_env()["LOCAL_WORLD_SIZE"]) if slurm.under_slurm() else None
-    run.gpus_per_node = world.placement(run, gpus, slurm_tasks_per_node=tasks).gpus_per_node
-    resolved = resolve(run)  # once the placement is known: every later stage reads the layout from here
-    for finding in preflight.enforce(run, resolved):
+        return slurm.in_process(run, res, None) if slurm.under_slurm() else plan.dry_run(run, res)
+    for finding in preflight.enforce(run, res):
         print(f"[vlmtrain] {finding}", file=sys.stderr)
     if slurm.under_slurm():
-        return slurm.in_process(run, worker.train, resolved)
+        return slurm.in_process(run, res, worker.train)
     try:
-        prepare.prepare(run)  # scan the data once, here, before torchrun starts the ranks
+        prepare.prepare(run, res)  # scan the data once, here, before torchrun starts the ranks
     except BadSample as e:
         print(f"[vlmtrain] {e}", file=sys.stderr)
         return 2
-    return failure.exit_status(local.launch(run, resolved), run.output_dir, since=launched)
+    return failure.exit_status(local.launch(run, res), run.output_dir, since=launched)

@@ -13,19 +13,19 @@ if TYPE_CHECKING:
     from vlmtrain.observe.metrics_callback import MetricsCallback
 
 
-def train(run: RunConfig, resolved: Resolved | None = None) -> None:
+def train(run: RunConfig, res: Resolved) -> None:
     """The training entry: Bridge's pretrain() counting every batch, timing every step, writing metrics.jsonl
-    (`resolved`: the run's run.json values, else resolved here)."""
+    (`res`: the run's run.json values, as the launcher resolved them)."""
     from vlmtrain.observe.metrics_callback import MetricsCallback
     from vlmtrain.observe.timing import StepTimer
     from vlmtrain.train import trainer
     from vlmtrain.train.step_counters import StepCounters
 
     timer = StepTimer()
-    counters = StepCounters(run, timer.data, resolved)
-    callback = MetricsCallback(run, counters, timer, resolved)
+    counters = StepCounters(run, res, timer.data)
+    callback = MetricsCallback(run, res, counters, timer)
     try:
-        trainer.train(run, counters, [callback])
+        trainer.train(run, res, counters, [callback])
     except BaseException as e:
         stop_with_record(run, e, callback)
         raise
@@ -38,8 +38,9 @@ def stop_with_record(run: RunConfig, error: BaseException, callback: MetricsCall
 
     from vlmtrain.observe import failure
 
-    rec = failure.record(run, error, rank=int(os.environ.get("RANK", "0")), step=callback.failing_step(),
-                         micro_batches=callback.counters.sample_ids, component=callback.timer.timeline.current)
+    rec = failure.record(run, callback.resolved, error, rank=int(os.environ.get("RANK", "0")),
+                         step=callback.failing_step(), micro_batches=callback.counters.sample_ids,
+                         component=callback.timer.timeline.current)
     if rec is None:
         return
     print(failure.message(rec), file=sys.stderr, flush=True)
@@ -53,7 +54,10 @@ def main(path: str) -> None:
     from vlmtrain.config import resolve
     from vlmtrain.config.compose import load_run
 
-    train(load_run(path), resolve.load(Path(path).parent))
+    res = resolve.load(Path(path).parent)
+    if res is None:
+        raise FileNotFoundError(f"{Path(path).parent / resolve.RUN_JSON}: the launcher saves it next to {path}")
+    train(load_run(path), res)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import itertools
 
 from vlmtrain.build import container, target
 from vlmtrain.check import preflight
+from vlmtrain.config.resolve import resolve
 
 AXES = {
     "parallelism": ["fsdp", "3d"],
@@ -38,7 +39,7 @@ def test_cross_product(compose, bridge):
     for values in itertools.product(*AXES.values()):
         combo = dict(zip(AXES, values, strict=True))
         run = compose(*(f"{k}={v}" for k, v in combo.items()))
-        errors = {f.rule: f.message for f in preflight.errors(preflight.check(run))}
+        errors = {f.rule: f.message for f in preflight.errors(preflight.check(run, resolve(run)))}
         expected = expected_rejections(combo)
         assert set(errors) == set(expected), f"{combo}: preflight {sorted(errors)} != expected {sorted(expected)}"
         for rule, words in expected.items():
@@ -46,7 +47,7 @@ def test_cross_product(compose, bridge):
         if expected:
             rejected += 1
             continue
-        cfg = container.build(run)
+        cfg = container.build(run, resolve(run))
         target.finalize(run, cfg)  # Bridge's own validation; raises if it refuses the combination
         accepted += 1
     assert (accepted, rejected) == (286, 362)  # 44 full-recompute jobs with trainable deepstack mergers refused

@@ -118,8 +118,10 @@ def test_sequence_too_short_for_image_tokens(user_data: Path, tmp_path: Path) ->
 
 def test_nonexistent_dataset_path_fails_in_preflight(compose) -> None:
     from vlmtrain.check import preflight
+    from vlmtrain.config.resolve import resolve
 
-    found = {f.rule: f.message for f in preflight.check(compose("data=jsonl", "data.path=/no/such/train.jsonl"))}
+    run = compose("data=jsonl", "data.path=/no/such/train.jsonl")
+    found = {f.rule: f.message for f in preflight.check(run, resolve(run))}
     assert "does not exist" in found["data_path_exists"]
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from vlmtrain.config.resolve import resolve
 from vlmtrain.lab import bridge_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,7 +70,7 @@ def test_the_peer_counts_bridge_s_own_micro_batches(tmp_path: Path) -> None:
     train, valid, test = direct_hf_sft_train_valid_test_datasets_provider([4, 0, 0], cfg.dataset)
     assert valid is None and test is None
     batch = train.collate_fn([train[0], train[1]])
-    counters = StepCounters(run, nullcontext)
+    counters = StepCounters(run, resolve(run), nullcontext)
     counters.image_token_id = cfg.model.image_token_id
     counters.count(batch)
     t, lengths = counters.totals, batch["attention_mask"].sum(dim=1).tolist()

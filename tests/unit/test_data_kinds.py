@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from vlmtrain.config.resolve import resolve
 from vlmtrain.data import PHOTOS
 from vlmtrain.data.export import export
 
@@ -35,7 +36,7 @@ def _build(compose, cache: Path, tmp_path: Path, *overrides: str) -> Any:
 
     run = compose(*overrides, f"data.cache_dir={cache}", "data.num_workers=0", "train.micro_batch_size=2",
                   output_dir=str(tmp_path / "run"))
-    cfg = container.build(run)
+    cfg = container.build(run, resolve(run))
     cfg.dataset.finalize()
     return run, cfg
 

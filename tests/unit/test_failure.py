@@ -18,6 +18,7 @@ import pytest
 
 from vlmtrain import worker
 from vlmtrain.config.compose import compose
+from vlmtrain.config.resolve import resolve
 from vlmtrain.observe import failure
 from vlmtrain.observe.metrics_callback import MetricsCallback
 from vlmtrain.observe.timing import StepTimer
@@ -33,8 +34,9 @@ def callback_at(run: Any, step: int, component: str) -> MetricsCallback:
     from megatron.bridge.training.state import GlobalState
 
     timer = StepTimer(clock=lambda: None)
-    counters = StepCounters(run, timer.data)
-    cb = MetricsCallback(run, counters, timer)
+    res = resolve(run)
+    counters = StepCounters(run, res, timer.data)
+    cb = MetricsCallback(run, res, counters, timer)
     cb.state = GlobalState()
     cb.state.train_state.step = step
     counters.sample_ids = [list(mb) for mb in MICRO_BATCHES]

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from vlmtrain.config.compose import compose
+from vlmtrain.config.resolve import resolve
 from vlmtrain.train import bridge_patches
 
 # (frames, height, width) in 16 px patches, as Qwen3-VL's processor emits them for the realistic data's image sizes
@@ -127,7 +128,7 @@ def test_wgrad_fusion_reaches_the_vit_and_megatron_s_own_linears() -> None:
     from vlmtrain.build import container
 
     run = compose(["kernels.wgrad_fusion=true"])
-    provider = container.build(run).model
+    provider = container.build(run, resolve(run)).model
     assert provider.gradient_accumulation_fusion is True
     assert model.get_vision_model_config(provider.vision_config, megatron_config=provider
                                          ).gradient_accumulation_fusion is False  # Bridge's: never copied
@@ -178,7 +179,10 @@ def test_rope_falls_back_to_bridge_unless_one_freqs_row_per_token() -> None:
 def test_plan_names_the_replaced_code() -> None:
     from vlmtrain.build import plan
 
-    code = [line for line in plan.render(compose(["kernels=fast"]), None, [], "-").splitlines()
-            if line.startswith("code:")]
+    def rendered(kernels: str) -> str:
+        run = compose([f"kernels={kernels}"])
+        return plan.render(run, resolve(run), None, [], "-")
+
+    code = [line for line in rendered("fast").splitlines() if line.startswith("code:")]
     assert code and code[0].endswith("rope_te, vit_positions, pin_visual_inputs, mask_grid_only")
-    assert "code:" not in plan.render(compose(["kernels=default"]), None, [], "-")
+    assert "code:" not in rendered("default")

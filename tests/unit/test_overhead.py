@@ -137,6 +137,7 @@ def test_direct_side_gets_its_own_run_dir(tmp_path: Path, capsys: pytest.Capture
     from vlmtrain import cli
     from vlmtrain.build import container
     from vlmtrain.config.compose import load_run
+    from vlmtrain.config.resolve import resolve
 
     assert cli.main(["overhead", "perf_h200x2", "--case", BEST.name, "--extra", "train.profile_step=6", "--dry-run",
                      "--out", str(tmp_path)]) == 0
@@ -145,7 +146,8 @@ def test_direct_side_gets_its_own_run_dir(tmp_path: Path, capsys: pytest.Capture
     a, b = (OmegaConf.to_container(OmegaConf.load(tmp_path / d / "run_config.yaml")) for d in ("vlmtrain", "direct"))
     assert a.pop("output_dir") == str(tmp_path / "vlmtrain") and b.pop("output_dir") == str(tmp_path / "direct")
     assert a == b and a["train"]["profile_step"] == 6
-    cfgs = [container.build(load_run(tmp_path / d / "run_config.yaml")) for d in ("vlmtrain", "direct")]
+    runs = [load_run(tmp_path / d / "run_config.yaml") for d in ("vlmtrain", "direct")]
+    cfgs = [container.build(r, resolve(r)) for r in runs]
     assert [c.logger.tensorboard_dir for c in cfgs] == [f"{tmp_path}/{d}/tensorboard" for d in ("vlmtrain", "direct")]
     assert isinstance(cfgs[1].profiling, ProfilingConfig) and cfgs[0].profiling == cfgs[1].profiling
 

@@ -10,6 +10,7 @@ import pytest
 
 from vlmtrain.build import container, target
 from vlmtrain.check import preflight
+from vlmtrain.config.resolve import resolve
 from vlmtrain.train.step_counters import StepCounters
 
 CAP = 4096
@@ -26,8 +27,8 @@ def _dataset(compose, tmp_path, cache: str, *overrides: str):
     from megatron.bridge.data.utils import get_dataset_provider
 
     run = compose(*RUN, f"data.cache_dir={cache}", *overrides, output_dir=str(tmp_path))
-    assert not preflight.errors(preflight.check(run))
-    cfg = container.build(run)
+    assert not preflight.errors(preflight.check(run, resolve(run)))
+    cfg = container.build(run, resolve(run))
     target.finalize(run, cfg)  # Bridge's own validation, as the dry-run plan does
     train, _, _ = get_dataset_provider(cfg.dataset)([8, 0, 0], cfg.dataset)
     return run, cfg, train
@@ -69,7 +70,7 @@ def test_too_long_sample_stops_the_data_stage(compose, tmp_path, tmp_path_factor
                   output_dir=str(tmp_path))
     with pytest.raises(SampleTooLong, match=r"realistic.*: sample \d+ \(id .*\) is \d+ tokens long but "
                                             r"data.packing=1024"):
-        prepare.prepare(run)
+        prepare.prepare(run, resolve(run))
 
 
 def test_the_launcher_bins_cached_data_without_importing_megatron(compose, tmp_path, tmp_path_factory):
@@ -83,12 +84,15 @@ def test_the_launcher_bins_cached_data_without_importing_megatron(compose, tmp_p
     from vlmtrain.data import prepare
 
     overrides = [*RUN, f"data.cache_dir={_cache(tmp_path_factory)}"]
-    want = prepare.prepare(compose(*overrides, output_dir=str(tmp_path / "here"))).bins  # fills the cache
+    here = compose(*overrides, output_dir=str(tmp_path / "here"))
+    want = prepare.prepare(here, resolve(here)).bins  # fills the cache
     code = (
         "import json, sys\n"
         "from vlmtrain.config.compose import compose\n"
+        "from vlmtrain.config.resolve import resolve\n"
         "from vlmtrain.data import prepare\n"
-        f"b = prepare.prepare(compose({overrides!r}, output_dir={str(tmp_path / 'launcher')!r})).bins\n"
+        f"run = compose({overrides!r}, output_dir={str(tmp_path / 'launcher')!r})\n"
+        "b = prepare.prepare(run, resolve(run)).bins\n"
         "heavy = [m for m in ('megatron', 'transformers', 'torch', 'transformer_engine') if m in sys.modules]\n"
         "print(json.dumps({'path': b.path, 'bins': b.bins, 'heavy': heavy}))\n"
     )
@@ -228,7 +232,7 @@ def test_static_row_is_the_capacity_with_masked_counted_padding(compose, bridge,
     assert int(get_packed_seq_attention_mask(row["input_ids"], params).sum()) == n
 
     def counts(r, batch):
-        c = StepCounters(r, nullcontext)
+        c = StepCounters(r, resolve(r), nullcontext)
         c.image_token_id = cfg.model.image_token_id
         c.count(batch)
         return c.totals

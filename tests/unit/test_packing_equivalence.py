@@ -80,8 +80,8 @@ def data(compose: Callable[..., Any], bridge: Any, tmp_path_factory: pytest.Temp
     def _data(*overrides: str) -> Data:
         if overrides not in built:
             run = compose(*RUN, f"data.cache_dir={cache}", *overrides, output_dir=str(cache / "run"))
-            assert not preflight.errors(preflight.check(run))
-            cfg = container.build(run)
+            assert not preflight.errors(preflight.check(run, resolve(run)))
+            cfg = container.build(run, resolve(run))
             target.finalize(run, cfg)  # Bridge's own validation, as the run does
             train, _, _ = get_dataset_provider(cfg.dataset)([run.data.payload.num_samples, 0, 0], cfg.dataset)
             built[overrides] = Data(run, cfg, train)

@@ -12,6 +12,7 @@ import pytest
 from vlmtrain.check import preflight
 from vlmtrain.config import world
 from vlmtrain.config.compose import compose
+from vlmtrain.config.resolve import resolve
 from vlmtrain.lab import cases as run_cases
 from vlmtrain.lab import spec, store, sweep, sweep_report
 
@@ -100,7 +101,7 @@ def test_every_case_passes_preflight(case: run_cases.Case, knobs: spec.SpecCase)
     """Packed cases run as capacities that the memory estimate reads: beyond the preset's 12288 tokens (MBS 16,
     which ran out of memory on the GPU as MBS-sample packing) it refuses them."""
     run = composed(case)
-    refused = [f.rule for f in preflight.errors(preflight.check(run))]
+    refused = [f.rule for f in preflight.errors(preflight.check(run, resolve(run)))]
     too_big = knobs.values["data.packing"] and run.data.packing > 12288
     assert refused == (["memory_fits"] if too_big else [])
     assert world.layout(run).world_size == 2 and run.train.seq_length == 4096 and run.model.num_layers == 8
@@ -137,7 +138,7 @@ def test_best_case_ships_as_the_preset(bridge: object, tmp_path: Path) -> None:
     # sub-configs on first use in a process, so only the second build has them: they are not settings
     texts = []
     for name, run in (("preset", preset), ("ran", ran)):
-        redact.write_bridge_yaml(container.build(run), tmp_path / f"{name}.yaml")
+        redact.write_bridge_yaml(container.build(run, resolve(run)), tmp_path / f"{name}.yaml")
         texts.append([line for line in (tmp_path / f"{name}.yaml").read_text().splitlines()
                       if not line.lstrip().startswith(("model_type:", "transformers_version:"))])
     assert texts[0] == texts[1] and len(texts[0]) > 500

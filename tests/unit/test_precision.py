@@ -12,6 +12,7 @@ from vlmtrain import report
 from vlmtrain.build import container, target
 from vlmtrain.check import memory
 from vlmtrain.config.groups import precision
+from vlmtrain.config.resolve import resolve
 from vlmtrain.observe import run_summary
 
 RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "precision_h200"
@@ -36,7 +37,7 @@ def test_each_option_names_the_bridge_recipe_it_means(bridge, fmt, scaling):
 def test_fp8_container_keeps_vision_and_router_out_of_fp8(compose, bridge):
     run = compose("model=qwen3_vl_30b_a3b", "precision=fp8", "precision.bf16_layers_at_start=0",
                   "precision.bf16_layers_at_end=2")
-    cfg = container.build(run)
+    cfg = container.build(run, resolve(run))
     target.finalize(run, cfg)
     mp = cfg.mixed_precision
     assert (mp.fp8, mp.fp8_recipe, mp.num_layers_at_start_in_bf16, mp.num_layers_at_end_in_bf16) == (
@@ -50,7 +51,7 @@ def test_fp8_container_keeps_vision_and_router_out_of_fp8(compose, bridge):
 @pytest.mark.parametrize("hardware", ["gb200", "b200"])
 def test_dry_run_validates_mxfp8_on_blackwell_with_bridge(compose, bridge, hardware):
     run = compose(f"hardware={hardware}", "precision=mxfp8")
-    cfg = container.build(run)
+    cfg = container.build(run, resolve(run))
     target.finalize(run, cfg)  # Bridge's runtime_config_update, as on the declared target
     assert cfg.model.fp8_recipe == "mxfp8"
     assert cfg.ddp.reuse_grad_buf_for_mxfp8_param_ag is False  # Bridge turns it off under Megatron-FSDP
@@ -84,9 +85,9 @@ def test_report_ranks_each_precision_in_its_own_section(tmp_path):
 def test_memory_estimate_accounts_for_blockwise_fp8_weight_copies(compose):
     base = ["model=qwen3_vl_30b_a3b", "model.num_layers=4", "data=realistic", "gpus_per_node=1",
             "train.micro_batch_size=1", "train.global_batch_size=1"]
-    bf16 = memory.estimate(compose(*base))
-    tensorwise = memory.estimate(compose(*base, "precision=fp8"))
-    blockwise = memory.estimate(compose(*base, "precision=fp8", "precision.scaling=blockwise"))
+    runs = [compose(*base, *extra)
+            for extra in ([], ["precision=fp8"], ["precision=fp8", "precision.scaling=blockwise"])]
+    bf16, tensorwise, blockwise = (memory.estimate(run, resolve(run)) for run in runs)
     assert bf16.quantized_weights == tensorwise.quantized_weights == 0.0
     peak = {d.name: run_summary.summarize(d)["peak_mem_gib"] for d in RECORDED.iterdir()}
     measured = peak["fp8-blockwise-0"] - peak["bf16-0"]

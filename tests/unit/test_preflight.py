@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from vlmtrain.check import preflight
+from vlmtrain.config import resolve as resolving
+from vlmtrain.config.resolve import resolve
 
 B30 = ["model=qwen3_vl_30b_a3b"]
 Q35 = ["model=qwen35_vl_35b_a3b", "model.num_layers=4"]
@@ -104,7 +106,8 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
 
 
 def rules_of(compose, overrides: list[str]) -> dict[str, preflight.Finding]:
-    return {f.rule: f for f in preflight.check(compose(*overrides))}
+    run = compose(*overrides)
+    return {f.rule: f for f in preflight.check(run, resolve(run))}
 
 
 def test_every_rule_has_cases():
@@ -124,8 +127,6 @@ def test_graph_messages_give_the_reason(compose):
 def test_capacity_resolves_the_row(compose):
     """What resolve derives for a capacity: the row length, static rows (forced by graphs and PP>1), the segment
     alignment (CP/SP and the quantized GEMMs' multiple), and GBS counting rows."""
-    from vlmtrain.config.resolve import resolve
-
     res = resolve(compose("data.packing=8192", "gpus_per_node=2", "train.global_batch_size=8"))
     assert (res.packing_capacity, res.seq_length, res.packing_static, res.pack_align) == (8192, 8192, False, 1)
     assert res.grad_accum == 4 and not res.pads_to_seq_length
@@ -157,15 +158,17 @@ def test_rule_trips_and_passes(compose, rule):
 
 def test_enforce_raises_with_every_error_and_keeps_warnings(compose):
     with pytest.raises(preflight.PreflightError) as err:
-        preflight.enforce(compose("hardware=gb200", "dispatcher=deepep", "parallelism.pp=2"))
+        refused = compose("hardware=gb200", "dispatcher=deepep", "parallelism.pp=2")
+        preflight.enforce(refused, resolve(refused))
     assert {f.rule for f in err.value.findings} >= {"deepep_not_on_gb200", "fsdp_needs_pp1"}
-    warnings = preflight.enforce(compose("data=mock"))
+    mock = compose("data=mock")
+    warnings = preflight.enforce(mock, resolve(mock))
     assert [w.rule for w in warnings] == ["mock_is_not_performance"]
 
 
 def test_ignore_downgrades_an_error(compose):
     run = compose("parallelism.pp=2", "preflight.ignore=[fsdp_needs_pp1]")
-    assert not preflight.errors(preflight.check(run))
+    assert not preflight.errors(preflight.check(run, resolve(run)))
 
 
 def test_deepstack_needs_as_many_decoder_layers_without_pipeline(compose):
@@ -187,12 +190,10 @@ def test_bridge_override_of_a_degree_is_checked_like_the_group_knob(compose):
 
 
 def test_resolved_round_trips_through_run_json(compose, tmp_path):
-    from vlmtrain.config import resolve
-
-    res = resolve.resolve(compose("parallelism=3d", "parallelism.pp=2", "cuda_graph=moe_router_preprocess"))
-    resolve.save(res, tmp_path)
-    assert resolve.load(tmp_path) == res
-    assert resolve.load(tmp_path / "missing") is None
+    res = resolve(compose("parallelism=3d", "parallelism.pp=2", "cuda_graph=moe_router_preprocess"))
+    resolving.save(res, tmp_path)
+    assert resolving.load(tmp_path) == res
+    assert resolving.load(tmp_path / "missing") is None
 
 
 RESOLVED_LAYOUTS = [
@@ -208,12 +209,11 @@ RESOLVED_LAYOUTS = [
 def test_resolved_matches_the_finalized_container(compose, bridge, overrides, tmp_path):
     """What resolve derives is what Bridge ends up with after finalization on the declared target."""
     from vlmtrain.build import container, target
-    from vlmtrain.config.resolve import resolve
 
     run = compose(*overrides, output_dir=str(tmp_path))
     res = resolve(run)
     assert not preflight.errors(preflight.check(run, res))
-    cfg = container.build(run)
+    cfg = container.build(run, res)
     target.finalize(run, cfg)
     lay, m = res.layout, cfg.model
     assert (lay.tp, lay.pp, lay.vpp, lay.cp, lay.ep, lay.etp) == (

@@ -14,6 +14,7 @@ from report_jobs import CASES, CRASH, INVALID, PNG_SIGNATURE, add_job, annotatio
 from vlmtrain import cli, report
 from vlmtrain.check import preflight
 from vlmtrain.config.compose import compose
+from vlmtrain.config.resolve import resolve
 from vlmtrain.observe import run_summary
 from vlmtrain.report import labels, plots
 
@@ -29,7 +30,8 @@ NEVER_STARTED = ["model=tiny", "train.iterations=8", "train.micro_batch_size=4",
 def write_preflight(sweep: Path, launched: list[list[str]]) -> list[str]:
     """preflight.json as vlmtrain's sweeper writes it (skipped: label, overrides, findings; launched: overrides by
     job number), from really checking an invalid composed config."""
-    findings = [str(f) for f in preflight.check(compose(INVALID))]
+    run = compose(INVALID)
+    findings = [str(f) for f in preflight.check(run, resolve(run))]
     data = {"skipped": [{"job": " ".join(INVALID), "overrides": INVALID, "findings": findings}], "launched": launched}
     (sweep / "preflight.json").write_text(json.dumps(data, indent=2) + "\n")
     return findings

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from vlmtrain.build import container
+from vlmtrain.config.resolve import resolve
 from vlmtrain.data import prepare
 from vlmtrain.data.sample_ids import BATCH_KEY, KEY
 from vlmtrain.train import bridge_patches
@@ -56,9 +57,9 @@ def built(request: Any, tmp_path_factory: pytest.TempPathFactory) -> Built:
     mbs = 1 if packed else 2  # a packed micro-batch is one bin (one row)
     extra = [f"data.packing={CAPACITY}"] if packed else []
     run = compose([f"train.micro_batch_size={mbs}", *extra], output_dir=str(tmp_path_factory.mktemp("run")))
-    prepared = prepare.prepare(run)
+    prepared = prepare.prepare(run, resolve(run))
     rows = len(prepared.jsonl.read_text().splitlines())
-    cfg = container.build(run)
+    cfg = container.build(run, resolve(run))
     if packed:
         from vlmtrain.data.bins import Bins
 
@@ -93,7 +94,8 @@ def test_the_collate_is_wrapped_once_or_not_at_all(built: Built) -> None:
 
 
 def test_checked_copy_numbers_its_rows(built: Built) -> None:
-    rows = [json.loads(line) for line in Path(prepare.prepare(built.run).jsonl).read_text().splitlines()]
+    checked = Path(prepare.prepare(built.run, resolve(built.run)).jsonl)
+    rows = [json.loads(line) for line in checked.read_text().splitlines()]
     assert len(rows) >= 2 * built.mbs * DP
     assert [r[KEY] for r in rows] == list(range(len(rows)))
 
@@ -113,7 +115,7 @@ def loader_ids(b: Built, consumed: int, dp_rank: int, steps: int) -> list[list[i
     loader = build_pretraining_data_loader(b.train, consumed, "cyclic", b.mbs, 0, b.cfg.dataset.data_sharding,
                                            collate_fn=b.train.collate_fn, pin_memory=False,
                                            data_parallel_rank=dp_rank, data_parallel_size=DP)
-    counters = StepCounters(b.run, nullcontext)
+    counters = StepCounters(b.run, resolve(b.run), nullcontext)
     batches: list[dict[str, Any]] = []
 
     def bridge_step(state: Any, it: Any, model: Any, return_schedule_plan: bool = False) -> None:

@@ -24,6 +24,7 @@ import pytest
 
 from vlmtrain.config import redact
 from vlmtrain.config.compose import compose
+from vlmtrain.config.resolve import resolve
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV_SECRETS = {"WANDB_API_KEY": "wandb-planted-key-0a1b2c3d4e5f", "HF_TOKEN": "hf_plantedToken9z8y7x6w5v",
@@ -125,7 +126,7 @@ def built(planted: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, 
 
     root = tmp_path_factory.mktemp("inproc")
     run = compose(["train.save_interval=5", COMET, ENV_REF], output_dir=str(root / "run"))
-    return run, container.build(run), root
+    return run, container.build(run, resolve(run)), root
 
 
 def save_like_bridge(cfg: Any, save_dir: Path, iteration: int) -> Path:
@@ -166,7 +167,7 @@ def test_launcher_run_config_holds_references_only(built: tuple[Any, Any, Path])
     from vlmtrain.launch import local
 
     run, _, root = built
-    path = local.save_run_config(run)
+    path = local.save_run_config(run, resolve(run))
     assert "${oc.env:VLMTRAIN_SECRET_BRIDGE_LOGGER_COMET_API_KEY" in path.read_text()
     assert load_run(path).bridge["logger"]["comet_api_key"] == COMET_KEY  # a rank gets it from the environment
     assert leaks(root / "run") == {}

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from vlmtrain.config.resolve import resolve
 from vlmtrain.lab.checks import slurm_preempt as sp
 from vlmtrain.launch import slurm
 
@@ -24,13 +25,14 @@ def test_submitted_training_saves_only_on_the_exit_signal(compose, bridge, tmp_p
     ckpt = tmp_path / "ckpt"
     run = compose(*sp.overrides(sp.CASES["30b"], ckpt))
     assert (run.model.name, run.model.num_layers, run.data.kind) == ("qwen3_vl_30b_a3b", 4, "realistic")
-    cfg = container.build(run)
+    cfg = container.build(run, resolve(run))
     assert cfg.checkpoint.save == cfg.checkpoint.load == str(ckpt)
     assert cfg.checkpoint.save_interval == 0  # Bridge: no interval save, no final save; the signal's save stays
     assert cfg.train.exit_signal_handler is True
     assert (cfg.train.micro_batch_size, cfg.train.global_batch_size, cfg.train.train_iters) == (1, 2, 8)
     # the reference run is the same training without checkpoints
-    ref = container.build(compose(*sp.overrides(sp.CASES["30b"], None)))
+    plain = compose(*sp.overrides(sp.CASES["30b"], None))
+    ref = container.build(plain, resolve(plain))
     assert ref.checkpoint.save is None and ref.train.train_iters == 8
 
 

@@ -14,6 +14,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from vlmtrain.config.compose import compose
+from vlmtrain.config.resolve import resolve
 from vlmtrain.lab import spec, store
 from vlmtrain.lab.tune import outputs, search, space, trials
 from vlmtrain.observe import run_summary
@@ -252,7 +253,7 @@ def test_preset_composes_and_passes_the_dry_run(searched: tuple[dict[str, Any], 
     assert run.parallelism.kind == "3d" and run.data.packing == 8192 and run.train.micro_batch_size == 1
     assert run.train.global_batch_size == 2 and not run.preflight.ignore
     assert run.hardware.env["NVTE_USE_CUTLASS_GROUPED_GEMM"] in (1, "1")
-    assert plan.dry_run(run) == 0
+    assert plan.dry_run(run, resolve(run)) == 0
 
 
 def test_default_spec_follows_the_guidance() -> None:
@@ -309,7 +310,6 @@ def test_h1_hand_found_preset_passes_preflight_on_one_h200() -> None:
     preflight has no error without preflight.ignore."""
     from vlmtrain.check import preflight
     from vlmtrain.config import world
-    from vlmtrain.config.resolve import resolve
 
     readme = (ROOT / "docs" / "benchmarks.md").read_text().split("## vlmtrain tune on one H200")[1]
     versus = readme.split('--versus "')[1].split('"')[0].split()

@@ -23,6 +23,7 @@ import pytest
 
 from vlmtrain.config import redact
 from vlmtrain.config.compose import compose, load_run
+from vlmtrain.config.resolve import resolve
 from vlmtrain.config.schema import RunConfig
 from vlmtrain.launch import local
 from vlmtrain.observe import wandb_run
@@ -74,7 +75,7 @@ def run(env: Any, tmp_path_factory: pytest.TempPathFactory) -> RunConfig:
 def bridge_cfg(run: RunConfig) -> Any:
     from vlmtrain.build import container
 
-    return container.build(run)
+    return container.build(run, resolve(run))
 
 
 def fixture_rows(bridge_cfg: Any) -> list[dict[str, Any]]:
@@ -289,7 +290,7 @@ def test_run_config_file_keeps_no_secret_but_the_ranks_get_it(run: RunConfig) ->
     """local.save_run_config writes references; load_run (as vlmtrain.worker loads it) restores the values."""
     stash = "VLMTRAIN_SECRET_BRIDGE_LOGGER_COMET_API_KEY"
     try:
-        path = local.save_run_config(run)
+        path = local.save_run_config(run, resolve(run))
         text = path.read_text()
         assert ENV_SECRET not in text and LITERAL_SECRET not in text
         assert redact.env_reference(SECRET_ENV) in text and redact.env_reference(stash) in text
@@ -315,7 +316,7 @@ def test_bridge_config_yaml_keeps_no_secret(bridge_cfg: Any, tmp_path: Path) -> 
 def test_plan_shows_bridge_passthrough_without_secrets(run: RunConfig, bridge_cfg: Any) -> None:
     from vlmtrain.build import plan
 
-    text = plan.render(run, bridge_cfg, [], "OK")
+    text = plan.render(run, resolve(run), bridge_cfg, [], "OK")
     [line] = [ln for ln in text.splitlines() if ln.lstrip().startswith("+bridge")]
     assert f'logger.comet_api_key="{redact.REDACTED}"' in line and "logger.comet_experiment_name=" in line
     assert ENV_SECRET not in text and LITERAL_SECRET not in text

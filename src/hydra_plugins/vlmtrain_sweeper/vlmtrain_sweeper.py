@@ -42,6 +42,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
 if TYPE_CHECKING:
+    from vlmtrain.config.resolve import Resolved
     from vlmtrain.config.schema import RunConfig
     from vlmtrain.config.world import Placement
 
@@ -125,7 +126,6 @@ class VlmtrainSweeper(BasicSweeper):
         from vlmtrain.check import preflight
         from vlmtrain.config import world
         from vlmtrain.config.compose import to_run
-        from vlmtrain.config.resolve import resolve
 
         assert self.hydra_context is not None and self.config is not None
         cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
@@ -133,9 +133,9 @@ class VlmtrainSweeper(BasicSweeper):
                        fail_sweep=bool(OmegaConf.select(cfg, "preflight.fail_sweep", default=False)))
         try:
             run = to_run(cfg)
-            place = self.placement(run, job.launcher)
-            job.world, run.gpus_per_node = str(place), place.gpus_per_node
-            findings = preflight.check(run, resolve(run))  # the layout of the world it will run on
+            place, res = self.placed(run, job.launcher)
+            job.world = str(place)
+            findings = preflight.check(run, res)  # the layout of the world it will run on
         except world.NoGpuError as e:
             job.world = "no GPU (local)"
             findings = [preflight.Finding("world", preflight.Severity.error, str(e))]
@@ -147,15 +147,15 @@ class VlmtrainSweeper(BasicSweeper):
         job.findings = [str(f) for f in errors] + [str(f) for f in findings if f not in errors]
         return job
 
-    def placement(self, run: "RunConfig", launcher: dict[str, Any]) -> "Placement":
-        """world.placement for this job's launcher: the GPUs and tasks per node Slurm will allocate
+    def placed(self, run: "RunConfig", launcher: dict[str, Any]) -> tuple["Placement", "Resolved"]:
+        """config.resolve.placed for this job's launcher: the GPUs and tasks per node Slurm will allocate
         (hydra/launcher=slurm), else this node's GPUs (the basic and submitit_local launchers run jobs here)."""
-        from vlmtrain.config import world
+        from vlmtrain.config.resolve import placed
 
         if str(launcher.get("_target_", "")).endswith(".SlurmLauncher"):
-            return world.placement(run, int(launcher.get("gpus_per_node") or 0),
-                                   slurm_tasks_per_node=int(launcher["tasks_per_node"]))
-        return world.placement(run, self._local_gpus)
+            return placed(run, int(launcher.get("gpus_per_node") or 0),
+                          slurm_tasks_per_node=int(launcher["tasks_per_node"]))
+        return placed(run, self._local_gpus)
 
     # --- the sweep ---------------------------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ from vlmtrain.data.processor import vision_token_ids
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
 
+    from vlmtrain.config.resolve import Resolved
     from vlmtrain.config.schema import RunConfig
 
 
@@ -100,15 +101,16 @@ def _token_ids(processor: str) -> dict[str, int]:
     return vision_token_ids(Path(processor))
 
 
-def build(run: RunConfig) -> ConfigContainer:
-    """The ConfigContainer this run trains with, before Bridge's finalization."""
+def build(run: RunConfig, res: Resolved) -> ConfigContainer:
+    """The ConfigContainer this run trains with, before Bridge's finalization (`res`: the run's resolved values,
+    which every group's apply() reads instead of deriving them again)."""
     proc = str(prepare.processor_dir(run))
     cfg = base_container(model.build_provider(run, _token_ids(proc)))
     for group in GROUPS:
         if group is not data:
-            group.apply(run, cfg)
-    prepared = prepare.prepare(run)  # the data scan: a cache hit where the launcher scanned before torchrun
-    data.apply(run, cfg, proc, prepared.hf_source, prepared.energon_kwargs, prepared.packed_dataset())
+            group.apply(run, res, cfg)
+    prepared = prepare.prepare(run, res)  # the data scan: a cache hit where the launcher scanned before torchrun
+    data.apply(run, res, cfg, proc, prepared.hf_source, prepared.energon_kwargs, prepared.packed_dataset())
     overrides = bridge_overrides(run)
     if overrides:
         from megatron.bridge.training.utils.omegaconf_utils import process_config_with_overrides

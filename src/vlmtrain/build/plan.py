@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any
 from vlmtrain.check import preflight
 from vlmtrain.config import redact
 from vlmtrain.config.groups import GROUPS, group_name, kernels, precision
-from vlmtrain.config.resolve import Resolved, resolve
 from vlmtrain.config.resolve import save as save_run_json
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
 
+    from vlmtrain.config.resolve import Resolved
     from vlmtrain.config.schema import RunConfig
 
 
@@ -42,27 +42,26 @@ def field_value(cfg: Any, path: str) -> Any:
     return obj
 
 
-def layout_line(run: RunConfig, resolved: Resolved | None = None) -> str:
-    lay = (resolved or resolve(run)).layout
+def layout_line(res: Resolved) -> str:
+    lay = res.layout
     return (f"{lay.nodes} node(s) x {lay.gpus_per_node} GPUs = {lay.world_size} | TP {lay.tp}  PP {lay.pp}  "
             f"VPP {lay.vpp or '-'}  CP {lay.cp} | EP {lay.ep}  ETP {lay.etp} | DP {lay.dp}  expert-DP {lay.expert_dp}")
 
 
-def memory_section(run: RunConfig) -> list[str]:
+def memory_section(run: RunConfig, res: Resolved) -> list[str]:
     """Per-GPU peak memory estimate vs the hardware group's memory_gib (check.memory: arithmetic, no Bridge)."""
     from vlmtrain.check import memory
 
-    return memory.render(run)
+    return memory.render(run, res)
 
 
-def render(run: RunConfig, cfg: ConfigContainer | None, findings: list[preflight.Finding],
-           validation: str, resolved: Resolved | None = None) -> str:
-    res = resolved or resolve(run)
+def render(run: RunConfig, res: Resolved, cfg: ConfigContainer | None, findings: list[preflight.Finding],
+           validation: str) -> str:
     lay, t = res.layout, run.train
     lines = [
         f"vlmtrain plan: {run.name}   (declared target: hardware={run.hardware.name}, {lay.world_size} GPUs)",
         "groups:   " + "  ".join(f"{k}={v}" for k, v in run.choices.items()),
-        f"world:    {layout_line(run, res)}",
+        f"world:    {layout_line(res)}",
         f"train:    MBS {t.micro_batch_size}  GBS {t.global_batch_size}  seq {t.seq_length}  "
         f"grad-accum {res.grad_accum}  iters {t.iterations}  lr {t.lr}",
         f"data:     {run.data.kind}" + ("  (MOCK: not a performance run)" if run.data.kind == "mock" else "")
@@ -89,7 +88,7 @@ def render(run: RunConfig, cfg: ConfigContainer | None, findings: list[preflight
             vals = container.flatten_overrides(redact.redact(container.bridge_tree(run)))
             lines += textwrap.wrap("  ".join(vals), width=118, initial_indent=f"  {'+bridge':<12}",
                                    subsequent_indent=" " * 14, break_long_words=False, break_on_hyphens=False)
-    lines += memory_section(run)
+    lines += memory_section(run, res)
     lines.append("preflight:" + ("" if findings else " no findings"))
     lines += [f"  {f}" for f in findings]
     lines.append(f"Bridge validation: {validation}")
@@ -107,35 +106,33 @@ def quiet_library_logs() -> None:
     warnings.filterwarnings("ignore", category=SyntaxWarning)
 
 
-def dry_run(run: RunConfig, resolved: Resolved | None = None) -> int:
+def dry_run(run: RunConfig, res: Resolved) -> int:
     """Print the plan; write the resolved Bridge config and run.json; return the exit status."""
     from vlmtrain.build import container, target
 
     quiet_library_logs()
-    res = resolved or resolve(run)
     findings = preflight.check(run, res)
     if preflight.errors(findings):
-        print(render(run, None, findings, "not attempted (preflight errors)", res))
+        print(render(run, res, None, findings, "not attempted (preflight errors)"))
         return 2
     from vlmtrain.data.scan import BadSample
 
     try:
-        cfg = container.build(run)
+        cfg = container.build(run, res)
     except BadSample as e:  # the data scan (vlmtrain.data.prepare) refused a sample
-        print(render(run, None, findings, f"not attempted (bad data)\n{e}", res))
+        print(render(run, res, None, findings, f"not attempted (bad data)\n{e}"))
         return 2
     try:
         target.finalize(run, cfg)
     except Exception as e:  # Bridge raises ValueError/AssertionError/RuntimeError from many places
         groups_hint = " ".join(f"{k}={v}" for k, v in run.choices.items())
-        print(render(run, cfg, findings, f"FAILED for {groups_hint}: {type(e).__name__}: {e}", res))
+        print(render(run, res, cfg, findings, f"FAILED for {groups_hint}: {type(e).__name__}: {e}"))
         return 3
     out = Path(run.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     redact.write_bridge_yaml(cfg, out / "bridge_config.yaml")
     save_run_json(res, out)
-    print(render(run, cfg, findings, f"OK (runtime_config_update); resolved config: {out / 'bridge_config.yaml'}",
-                 res))
+    print(render(run, res, cfg, findings, f"OK (runtime_config_update); resolved config: {out / 'bridge_config.yaml'}"))
     print("To train: run the same command on a GPU node (or with dry_run=false); add hydra/launcher=slurm for Slurm.")
     sys.stdout.flush()
     return 0

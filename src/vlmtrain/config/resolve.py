@@ -65,6 +65,11 @@ class Resolved:
         return merge_env(self.env)
 
     @property
+    def padded(self) -> bool:
+        """The micro-batch row runs at seq_length: every sample padded to it, or the packed row to its capacity."""
+        return self.pads_to_seq_length or self.packing_static
+
+    @property
     def stage_sizes(self) -> list[int]:
         """Decoder layers per pipeline stage."""
         return [len(r) for r in self.stage_layers]
@@ -152,6 +157,15 @@ def resolve(run: RunConfig) -> Resolved:
         collate_image_tokens=(COLLATE_MIN_TOKENS, COLLATE_MAX_TOKENS),
         checkpoint_dir=t.checkpoint_dir,
     )
+
+
+def placed(run: RunConfig, node_gpus: int,
+           slurm_tasks_per_node: int | None = None) -> tuple[world.Placement, Resolved]:
+    """A composed run placed on the world it will run on (world.placement: `run.gpus_per_node` set to it), then
+    resolved: the one path train.py, the -m sweeper and the tuner's candidates take before preflight."""
+    place = world.placement(run, node_gpus, slurm_tasks_per_node)
+    run.gpus_per_node = place.gpus_per_node
+    return place, resolve(run)
 
 
 def save(resolved: Resolved, run_dir: str | Path) -> Path:

@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vlmtrain.config.groups.data import Kind, cache_dir, capacity
+from vlmtrain.config.groups.data import Kind, cache_dir
 
 if TYPE_CHECKING:
+    from vlmtrain.config.resolve import Resolved
     from vlmtrain.config.schema import RunConfig
     from vlmtrain.data.bins import Bins
     from vlmtrain.data.scan import Report
@@ -112,11 +113,11 @@ def _scan(run: RunConfig, remote: bool) -> Report | None:
     return None
 
 
-def prepare(run: RunConfig) -> Prepared:
+def prepare(run: RunConfig, res: Resolved) -> Prepared:
     """Scan the data (cached), fail naming the bad samples or, with data.skip_bad_images, point Bridge past them;
-    record the outcome in the run directory. Runs in the launcher before torchrun starts the ranks (vlmtrain.flow),
-    in the dry run and in each rank's build (there a cache hit). Hub datasets (Bridge presets) are not scanned:
-    Bridge downloads them in the ranks."""
+    with a packing capacity (`res`), bin them; record the outcome in the run directory. Runs in the launcher
+    before torchrun starts the ranks (vlmtrain.flow), in the dry run and in each rank's build (there a cache hit).
+    Hub datasets (Bridge presets) are not scanned: Bridge downloads them in the ranks."""
     from vlmtrain.data import energon, hf
 
     d = run.data
@@ -136,16 +137,15 @@ def prepare(run: RunConfig) -> Prepared:
                 src = _hf_source(run)
                 prepared = Prepared(report, hf.without_bad(str(d.kind), src, report, cache_dir(run))
                                     if report.bad else src)
-    if capacity(run) and report is not None and prepared.hf_source is not None:
-        prepared.bins = _bins(run, report, prepared.hf_source)  # atomic cache writes: no lock needed
+    if res.packing_capacity and report is not None and prepared.hf_source is not None:
+        prepared.bins = _bins(run, res, report, prepared.hf_source)  # atomic cache writes: no lock needed
     _record(run, report, prepared.bins)
     return prepared
 
 
-def _bins(run: RunConfig, report: Report, source: dict[str, Any]) -> Bins:
-    """The bins at data.packing of the samples Bridge reads from `source`; lengths are cached by the source, the
-    files the scan read (size, mtime) and the processor."""
-    from vlmtrain.config.resolve import resolve
+def _bins(run: RunConfig, res: Resolved, report: Report, source: dict[str, Any]) -> Bins:
+    """The bins at the packing capacity of the samples Bridge reads from `source`, each sample's segment aligned
+    to res.pack_align; lengths are cached by the source, the files the scan read (size, mtime) and the processor."""
     from vlmtrain.data import bins, processor
 
     proc = processor_dir(run)
@@ -154,8 +154,8 @@ def _bins(run: RunConfig, report: Report, source: dict[str, Any]) -> Bins:
         st = Path(path).stat()
         stamps[str(path)] = [st.st_size, st.st_mtime_ns]
     identity = {"source": source, "files": stamps, "processor": processor.PROCESSOR_VERSION}
-    out = bins.prepare_bins(cache_dir(run), identity, source, str(proc), int(capacity(run)), report.dataset,
-                            resolve(run).pack_align)
+    out = bins.prepare_bins(cache_dir(run), identity, source, str(proc), res.packing_capacity, report.dataset,
+                            res.pack_align)
     print(f"[vlmtrain] data.packing={out.capacity}: {out.summary()}", flush=True)
     return out
 

@@ -23,9 +23,10 @@ def build_cfg(run: RunConfig) -> ConfigContainer:
     """The same ConfigContainer vlmtrain.train.trainer.train() hands to pretrain() (build, then the helper patch), and
     the same model code: the kernels group's fast paths are part of what trains, not of vlmtrain's overhead."""
     from vlmtrain.build import container
+    from vlmtrain.config.resolve import resolve
     from vlmtrain.train import bridge_patches, trainer
 
-    cfg = container.build(run)
+    cfg = container.build(run, resolve(run))
     trainer.use_prebuilt_dataset_helpers()
     bridge_patches.install(run)
     return cfg

@@ -119,13 +119,14 @@ def recipe_config(run: RunConfig) -> ConfigContainer:
     """The recipe's ConfigContainer with CHANGES applied, before Bridge's finalization."""
     from megatron.bridge.data.sources.hf import HFDatasetSourceConfig
 
+    from vlmtrain.config.resolve import resolve
     from vlmtrain.data import prepare
 
     cfg = shipped(run)
     cfg.model.expert_model_parallel_size = 1
     cfg.model.num_layers = LAYERS
     cfg.train.train_iters = ITERATIONS
-    cfg.dataset.source = HFDatasetSourceConfig(**prepare.prepare(run).hf_source)
+    cfg.dataset.source = HFDatasetSourceConfig(**prepare.prepare(run, resolve(run)).hf_source)
     cfg.dataset.hf_processor_path = str(prepare.processor_dir(run))
     cfg.dataset.do_validation = cfg.dataset.do_test = False
     cfg.checkpoint.save = cfg.checkpoint.load = None
@@ -199,13 +200,14 @@ def rank_main(run_dir: Path) -> int:
     from megatron.bridge.models.qwen_vl.qwen3_vl_step import forward_step
     from megatron.bridge.training.pretrain import pretrain
 
+    from vlmtrain.config.resolve import resolve
     from vlmtrain.train import trainer
     from vlmtrain.train.step_counters import StepCounters
 
     run = h1_run(run_dir)
     cfg = recipe_config(run)
     trainer.use_prebuilt_dataset_helpers()  # the core wheel ships the helpers built but no Makefile (STACK.md)
-    counters = StepCounters(run, nullcontext)
+    counters = StepCounters(run, resolve(run), nullcontext)
     pretrain(cfg, counters.wrap(forward_step), callbacks=[PeerMetrics(run, counters)])
     return 0
 
@@ -219,9 +221,11 @@ def run_once(i: int, machine_run: str, out: Path, results_path: Path) -> dict[st
     """Run i of this machine run in its own process and directory, its row appended (None when it failed)."""
     run_dir = out / machine_run / f"run{i}"
     run_dir.mkdir(parents=True, exist_ok=True)
+    from vlmtrain.config.resolve import resolve
     from vlmtrain.data import prepare
 
-    prepare.prepare(h1_run(run_dir))  # compose and the data scan on CPU before the rank starts, as vlmtrain.flow does
+    h1 = h1_run(run_dir)
+    prepare.prepare(h1, resolve(h1))  # compose and the data scan on CPU before the rank starts, as vlmtrain.flow does
     print(f"[bridge-recipe] run {i + 1} ({machine_run}) in {run_dir}", flush=True)
     port = int(os.environ.get("MASTER_PORT") or runner.free_port())
     run = runner.spawn(command(run_dir, port), run_dir, port=port)

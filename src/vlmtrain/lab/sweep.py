@@ -19,13 +19,17 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vlmtrain.lab import cases as run_cases
 from vlmtrain.lab import repeats, store, sweep_report
 from vlmtrain.lab.cases import ROOT
 from vlmtrain.lab.spec import Spec, SpecCase
 from vlmtrain.lab.tune import trials
+
+if TYPE_CHECKING:
+    from vlmtrain.config.resolve import Resolved
+    from vlmtrain.config.schema import RunConfig
 
 
 def as_run_case(spec: Spec, case: SpecCase, iterations: int) -> run_cases.Case:
@@ -34,18 +38,22 @@ def as_run_case(spec: Spec, case: SpecCase, iterations: int) -> run_cases.Case:
                           [*spec.base, *case.overrides, f"train.iterations={iterations}"])
 
 
-def table(spec: Spec, cases: list[SpecCase], status: dict[str, str] | None = None) -> str:
-    """One line per case: the layout and the batch arithmetic (grad-accum = GBS / (MBS x DP))."""
-    from vlmtrain.config import world
+def composed(spec: Spec, case: SpecCase, **compose_kw: str) -> tuple[RunConfig, Resolved]:
+    """The case as `python train.py <case> dry_run=true` composes it, placed on its declared world and resolved."""
     from vlmtrain.config.compose import compose
+    from vlmtrain.config.resolve import placed
 
+    run = compose(run_cases.overrides(as_run_case(spec, case, 1), dry_run=True), **compose_kw)
+    return run, placed(run, node_gpus=0)[1]  # a dry run: the declared world, whatever this node has
+
+
+def table(spec: Spec, cases: list[SpecCase], status: dict[str, str] | None = None) -> str:
+    """One line per case: the layout and the batch arithmetic (config.resolve's grad-accum)."""
     w = max(len(c.name) for c in cases)
     lines = [f"{'case':<{w}}  {'layout':<12} {'MBS':>3} {'accum':>5}  status"]
     for case in cases:
-        run = compose(run_cases.overrides(as_run_case(spec, case, 1), dry_run=True))
-        lay = world.layout(run)
-        mbs = run.train.micro_batch_size
-        accum = run.train.global_batch_size // (mbs * lay.dp)
+        run, res = composed(spec, case)
+        lay, mbs, accum = res.layout, run.train.micro_batch_size, res.grad_accum
         lines.append(f"{case.name:<{w}}  {f'TP{lay.tp} EP{lay.ep} DP{lay.dp}':<12} {mbs:>3} {accum:>5}  "
                      f"{(status or {}).get(case.name, '')}")
     return "\n".join(lines)
@@ -55,13 +63,12 @@ def dry_run(spec: Spec, cases: list[SpecCase], out: Path) -> dict[str, str]:
     """What `python train.py <case> dry_run=true` does (preflight, build, Bridge's runtime_config_update for the
     declared world), in this one process so Bridge is imported once."""
     from vlmtrain.build import plan
-    from vlmtrain.config.compose import compose
 
     status = {}
     for case in cases:
         overrides = run_cases.overrides(as_run_case(spec, case, 1), dry_run=True)
         print(f"\n=== {case.name}: python train.py {' '.join(overrides)}", flush=True)
-        rc = plan.dry_run(compose(overrides, output_dir=str(out / case.name)))
+        rc = plan.dry_run(*composed(spec, case, output_dir=str(out / case.name)))
         status[case.name] = {0: "ok", 2: "PREFLIGHT ERROR", 3: "BRIDGE VALIDATION ERROR"}.get(rc, f"rc={rc}")
     return status
 

@@ -15,17 +15,17 @@ from typing import TYPE_CHECKING
 from omegaconf import OmegaConf
 
 from vlmtrain.config import redact
-from vlmtrain.config.resolve import Resolved, resolve
 from vlmtrain.config.resolve import save as save_run_json
 
 if TYPE_CHECKING:
+    from vlmtrain.config.resolve import Resolved
     from vlmtrain.config.schema import RunConfig
 
 RUN_CONFIG = "run_config.yaml"
 RANKS_LOG = "ranks.log"
 
 
-def save_run_config(run: RunConfig, resolved: Resolved | None = None) -> Path:
+def save_run_config(run: RunConfig, res: Resolved) -> Path:
     """The config the ranks load, and next to it run.json, its resolved values (config.resolve). Secrets are
     written as `${oc.env:...}` references that the ranks resolve from the environment they inherit
     (vlmtrain.config.redact.ENV_REFERENCES), so the file never holds one."""
@@ -34,15 +34,13 @@ def save_run_config(run: RunConfig, resolved: Resolved | None = None) -> Path:
     path = out / RUN_CONFIG
     tree = OmegaConf.to_container(OmegaConf.structured(run), enum_to_str=True)
     OmegaConf.save(OmegaConf.create(redact.redact(tree, masking=redact.ENV_REFERENCES)), path)
-    save_run_json(resolved or resolve(run), out)
+    save_run_json(res, out)
     return path
 
 
-def launch(run: RunConfig, resolved: Resolved | None = None, module: str = "vlmtrain.worker",
-           log: str = RANKS_LOG) -> int:
+def launch(run: RunConfig, res: Resolved, module: str = "vlmtrain.worker", log: str = RANKS_LOG) -> int:
     """Start one rank per local GPU through torchrun, with the resolved env vars, and wait for them. `module` is
     what each rank runs on the saved run config (a GPU check may run its own instead of vlmtrain.worker)."""
-    res = resolved or resolve(run)
     path = save_run_config(run, res)
     lay = res.layout
     env = dict(os.environ)

@@ -20,10 +20,10 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from vlmtrain.config.resolve import Resolved, resolve
 from vlmtrain.config.resolve import save as save_run_json
 
 if TYPE_CHECKING:
+    from vlmtrain.config.resolve import Resolved
     from vlmtrain.config.schema import RunConfig
 
 
@@ -54,10 +54,10 @@ def _first_host(nodelist: str) -> str:
         return nodelist.split(",")[0].split("[")[0]
 
 
-def export_env(run: RunConfig, resolved: Resolved | None = None) -> dict[str, str]:
+def export_env(res: Resolved) -> dict[str, str]:
     """Put the run's resolved env vars into this process's environment (explicit user settings win) and return
     them."""
-    env = (resolved or resolve(run)).env_vars
+    env = res.env_vars
     for k, v in env.items():
         os.environ.setdefault(k, v)
     return env
@@ -171,15 +171,13 @@ class PreemptionRelay:
             self._submitit_handler(self.sig, None)
 
 
-def in_process(run: RunConfig, train: Callable[[RunConfig, Resolved], None] | None,
-               resolved: Resolved | None = None) -> int:
+def in_process(run: RunConfig, res: Resolved, train: Callable[[RunConfig, Resolved], None] | None) -> int:
     """One Slurm task: rank variables from Slurm, the run's resolved env before torch, a rank record, then (rank 0
-    saving run.json) `train(run, resolved)`, the training entry flow.py passes, or for a dry run (`train` None)
+    saving run.json) `train(run, res)`, the training entry flow.py passes, or for a dry run (`train` None)
     the plan on rank 0, with timeout/preemption relayed to Bridge and back to submitit."""
     torch_was_imported = "torch" in sys.modules
     os.environ.update(slurm_rank_env())
-    res = resolved or resolve(run)
-    env = export_env(run, res)
+    env = export_env(res)
     record = describe_rank(env, torch_was_imported)
     lay = res.layout
     if record["world_size"] != lay.world_size or record["local_world_size"] != lay.gpus_per_node:

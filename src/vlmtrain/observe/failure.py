@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from vlmtrain.config.resolve import Resolved
     from vlmtrain.config.schema import RunConfig
 
 RECORD_GLOB = "failure-rank*.json"
@@ -60,16 +61,15 @@ def last_checkpoint(save_dir: str | None) -> str:
     return get_checkpoint_name(save_dir, int(tracker.read_text().strip()), release=False)
 
 
-def oom_advice(run: RunConfig) -> str:
+def oom_advice(run: RunConfig, res: Resolved) -> str:
     """The memory estimate's verdict and the overrides it suggests (the memory_fits message)."""
     from vlmtrain.check import memory
     from vlmtrain.check.preflight.memory import memory_message
-    from vlmtrain.config.resolve import resolve
 
-    return memory_message(run, resolve(run), memory.estimate(run), "ran out of memory")
+    return memory_message(run, res, memory.estimate(run, res), "ran out of memory")
 
 
-def record(run: RunConfig, error: BaseException, *, rank: int, step: int | None,
+def record(run: RunConfig, res: Resolved, error: BaseException, *, rank: int, step: int | None,
            micro_batches: list[list[int | None]], component: str) -> dict[str, Any] | None:
     """Write this rank's failure record for a non-finite or OOM `error`; None (nothing written) for any other."""
     found = kind(error)
@@ -82,7 +82,7 @@ def record(run: RunConfig, error: BaseException, *, rank: int, step: int | None,
     if found == "nonfinite":
         rec.update(micro_batches=micro_batches, on_nonfinite=run.train.on_nonfinite)
     else:
-        rec.update(component=component, advice=oom_advice(run))
+        rec.update(component=component, advice=oom_advice(run, res))
     path = Path(run.output_dir) / f"failure-rank{rank}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(rec, indent=1) + "\n")

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from megatron.bridge.training.callbacks import Callback
 
 from vlmtrain.config.groups import precision
-from vlmtrain.config.resolve import Resolved, resolve
+from vlmtrain.config.resolve import Resolved
 from vlmtrain.observe import flops, startup, timing, wandb_run
 from vlmtrain.observe.run_summary import SKIP, append_jsonl
 from vlmtrain.train.step_counters import COUNTERS
@@ -98,14 +98,12 @@ def grad_norm(context: Any) -> dict[str, float]:
 
 class MetricsCallback(Callback):
     """`counters` count the batches and `timer` times the components of each step (its data mark is the one the
-    counters' data_wait enters); `resolved` (config.resolve, the run's run.json) gives the layout, resolved from
-    `run` when not given."""
+    counters' data_wait enters); `res` (config.resolve, the run's run.json) gives the layout and grad-accum."""
 
-    def __init__(self, run: RunConfig, counters: StepCounters, timer: timing.StepTimer,
-                 resolved: Resolved | None = None):
+    def __init__(self, run: RunConfig, res: Resolved, counters: StepCounters, timer: timing.StepTimer):
         wandb_run.check_bridge_logger(run)
         self.run, self.counters, self.timer = run, counters, timer
-        self.resolved = resolved or resolve(run)
+        self.resolved = res
         self.path = Path(run.output_dir) / "metrics.jsonl"
         self.samples_path = Path(run.output_dir) / SAMPLES_FILE
         self.t0 = 0.0
@@ -127,7 +125,7 @@ class MetricsCallback(Callback):
         self.state = context.state
         self.train_start = time.time()
         self.skipped_samples = prepare.skipped_samples(self.run)  # bad samples the build's data scan dropped
-        self.report = after_build.after_model_build(self.run, context)
+        self.report = after_build.after_model_build(self.run, self.resolved, context)
         self.frozen_before = after_build.frozen_checksums(context.model)
         self.max_graphed = 0
         self.timer.attach(context.model, context.optimizer)

@@ -41,6 +41,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def append_jsonl(path: Path, row: dict[str, Any]) -> None:
+    """One JSON row at the end of `path` (a run's metrics.jsonl and samples.jsonl; the lab's results files)."""
     with path.open("a") as f:
         f.write(json.dumps(row) + "\n")
 

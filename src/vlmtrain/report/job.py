@@ -7,10 +7,13 @@ import statistics
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vlmtrain.config.groups import CHOSEN
 from vlmtrain.observe.run_summary import HEADLINE_KEYS, steady, summarize_rows
+
+if TYPE_CHECKING:
+    from vlmtrain.config.resolve import Resolved
 
 TIME_KEYS = ("time_vision_s", "time_projector_s", "time_decoder_s", "time_optimizer_s", "time_data_s", "time_other_s")
 """observe.timing's per-component seconds of a step (rank 0); `other` = step_s minus the named ones."""
@@ -129,9 +132,15 @@ class Job:
         return (self.config.get("train") or {}).get("iterations")
 
     @cached_property
+    def resolved(self) -> Resolved | None:
+        """What the run resolved (its run.json), else config.resolve on its config (run dirs without run.json);
+        None when neither is there."""
+        return _saved(self.path) or _resolved(self.config)
+
+    @cached_property
     def layout(self) -> dict[str, int]:
-        """The layout the run resolved (its run.json), else rebuilt from its config (run dirs without run.json)."""
-        lay = _saved_layout(self.path) or _layout(self.config)
+        """The layout the run resolved (Job.resolved), with the GPUs its metrics imply."""
+        lay = self.resolved.layout if self.resolved else None
         out = {k: getattr(lay, k) for k in ("tp", "pp", "cp", "ep", "etp")} if lay else {}
         if lay and lay.vpp:
             out["vpp"] = lay.vpp
@@ -155,27 +164,26 @@ def override_items(overrides: list[str]) -> list[tuple[str, str]]:
     return items
 
 
-def _saved_layout(path: Path | None) -> Any:
-    """The layout in the run dir's run.json (config.resolve), None when there is none."""
+def _saved(path: Path | None) -> Resolved | None:
+    """The run dir's run.json (config.resolve), None when there is none."""
     from vlmtrain.config import resolve
 
-    resolved = resolve.load(path) if path is not None and path.is_dir() else None
-    return resolved.layout if resolved is not None else None
+    return resolve.load(path) if path is not None and path.is_dir() else None
 
 
-def _layout(config: dict[str, Any]) -> Any:
-    """The run's world layout through config.world (auto EP resolved); None if the config is not a RunConfig."""
+def _resolved(config: dict[str, Any]) -> Resolved | None:
+    """config.resolve on the run's config (auto EP resolved); None if the config is not a RunConfig."""
     from omegaconf.errors import OmegaConfBaseException
 
-    from vlmtrain.config import world
     from vlmtrain.config.compose import load_run
+    from vlmtrain.config.resolve import resolve
     from vlmtrain.config.schema import RunConfig
 
     known = {k: v for k, v in config.items() if k in RunConfig.__dataclass_fields__}
     if not all(k in known for k in ("model", "parallelism", "hardware")):
         return None
     try:
-        return world.layout(load_run(known))
+        return resolve(load_run(known))
     except (OmegaConfBaseException, ValueError, TypeError, KeyError, ZeroDivisionError):
         return None
 

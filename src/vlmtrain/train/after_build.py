@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
 
+    from vlmtrain.config.resolve import Resolved
     from vlmtrain.config.schema import RunConfig
 
 
@@ -59,11 +60,27 @@ def vit_attention_head_dims(model_chunks: list[Any]) -> list[int]:
                    if name.startswith("vision_model.") and hasattr(m, "hidden_size_per_attention_head_k")})
 
 
-def after_model_build(run: RunConfig, context: Any) -> dict[str, Any]:
+def microbatches(run: RunConfig, res: Resolved) -> int:
+    """Megatron's micro-batches per step (its calculator, set up from the built config) must be the resolved
+    grad-accum that the plan, the memory estimate and the metrics assumed; returns it."""
+    from megatron.core.num_microbatches_calculator import get_num_microbatches
+
+    n = get_num_microbatches()
+    if n != res.grad_accum:
+        t = run.train
+        raise SettingNotApplied(
+            f"Megatron runs {n} micro-batches per step, but the run resolved grad_accum={res.grad_accum} "
+            f"(train.global_batch_size {t.global_batch_size} / (train.micro_batch_size {t.micro_batch_size} x DP "
+            f"{res.layout.dp})): a +bridge.train.* or parallelism override changed the batch arithmetic.")
+    return n
+
+
+def after_model_build(run: RunConfig, res: Resolved, context: Any) -> dict[str, Any]:
     """What was instantiated, after Megatron Core's defaults; raises if it contradicts the request."""
     cfg = context.state.cfg.model
     params = tower_params(context.model)
     report: dict[str, Any] = {
+        "micro_batches": microbatches(run, res),
         "dispatcher_type": cfg.moe_token_dispatcher_type,
         "flex_backend": cfg.moe_flex_dispatcher_backend if cfg.moe_token_dispatcher_type == "flex" else None,
         "recompute_granularity": cfg.recompute_granularity,

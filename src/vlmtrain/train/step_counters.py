@@ -26,15 +26,12 @@ COUNTERS = ("padded_tokens", "nonpad_tokens", "image_tokens", "text_tokens", "lo
 
 class StepCounters:
     """Token/image counters of the micro-batches this rank consumed since the last reset. `data_wait()` is entered
-    around each next() of the data iterator (the step timer's data mark). `resolved`: the run's config.resolve
-    values (resolved from `run` when not given)."""
+    around each next() of the data iterator (the step timer's data mark). `res`: the run's config.resolve
+    values."""
 
-    def __init__(self, run: RunConfig, data_wait: Callable[[], AbstractContextManager[Any]],
-                 resolved: Resolved | None = None):
-        from vlmtrain.config.resolve import resolve
-
+    def __init__(self, run: RunConfig, res: Resolved, data_wait: Callable[[], AbstractContextManager[Any]]):
         self.run = run
-        self.pads = (resolved or resolve(run)).pads_to_seq_length
+        self.pads = res.pads_to_seq_length
         self.data_wait = data_wait
         self.image_token_id: int | None = None
         self.samples: list[dict[str, Any]] = []  # per-sample (nonpad length, patches per image) for FLOPs
@@ -48,8 +45,8 @@ class StepCounters:
         self.host_s = 0.0  # host time spent counting (part of vlmtrain_host_s)
 
     def padded_length(self, raw_len: int) -> int:
-        """Sequence length the model actually runs for a collated [B, raw_len] batch (Resolved.pads_to_seq_length,
-        the rule check.memory.pads applies too)."""
+        """Sequence length the model actually runs for a collated [B, raw_len] batch (Resolved.pads_to_seq_length;
+        a packed row's own padding is in the collated batch)."""
         return self.run.train.seq_length if self.pads else raw_len
 
     def rows(self, batch: dict[str, Any]) -> tuple[list[Any], int]:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
 
+    from vlmtrain.config.resolve import Resolved
     from vlmtrain.config.schema import RunConfig
     from vlmtrain.train.step_counters import StepCounters
 
@@ -21,27 +22,27 @@ def use_prebuilt_dataset_helpers() -> None:
     init.compile_helpers = lambda: None
 
 
-def build(run: RunConfig) -> tuple[ConfigContainer, list[str]]:
+def build(run: RunConfig, res: Resolved) -> tuple[ConfigContainer, list[str]]:
     """The run's container as pretrain() gets it: built, checked against this machine, with Bridge's code paths
     replaced (the redaction and sample ids always; the kernels' per run, returned). Also for GPU checks that drive
     Bridge's setup() themselves (lab.checks.packing_equivalence)."""
     from vlmtrain.build import container
     from vlmtrain.train import after_build, bridge_patches
 
-    cfg = container.build(run)
+    cfg = container.build(run, res)
     after_build.before_launch(run, cfg)
     use_prebuilt_dataset_helpers()
     bridge_patches.install_always()  # redaction before Bridge logs or saves the container; sample ids
     return cfg, bridge_patches.install(run)
 
 
-def train(run: RunConfig, counters: StepCounters, callbacks: list[Any]) -> None:
+def train(run: RunConfig, res: Resolved, counters: StepCounters, callbacks: list[Any]) -> None:
     """pretrain() on the run's container; `counters` sees every micro-batch, Bridge runs `callbacks`."""
     from megatron.bridge.training.pretrain import pretrain
 
     from vlmtrain.config.groups import data
 
-    cfg, paths = build(run)
+    cfg, paths = build(run, res)
     if paths:
         print(f"[vlmtrain] kernels: Bridge code paths replaced: {', '.join(paths)}", flush=True)
     pretrain(cfg, counters.wrap(data.forward_step(run)), callbacks=callbacks)

@@ -1,6 +1,7 @@
 """Per-GPU peak memory estimate of a composed run: does it fit before it queues?
 
-Pure arithmetic on the RunConfig (no Bridge, no torch import), so preflight and the dry-run plan can call it.
+Pure arithmetic on the RunConfig and its resolved values (config.resolve: the layout, the stage split, the
+grad-accum and the padding; no Bridge, no torch import), so preflight and the dry-run plan can call it.
 The estimate is for the worst rank: every pipeline stage is estimated and the largest one is reported.
 
 What one rank holds (P = parameters it holds, T = its trainable share; dense parts shard over DP, routed
@@ -34,10 +35,10 @@ from vlmtrain.check.memory.estimate import (
     render,
 )
 from vlmtrain.check.memory.params import StageParams, layer_params, model_param_count, param_counts, stage_params
-from vlmtrain.check.memory.workload import Workload, default_workload, image_token_bound, pads
+from vlmtrain.check.memory.workload import Workload, default_workload, image_token_bound
 
 __all__ = [
     "CONTEXT_OVERHEAD_GIB", "GIB", "GRAD_BYTES", "OPTIMIZER_BYTES", "MemoryBreakdown", "StageParams", "Workload",
     "default_workload", "estimate", "image_token_bound", "layer_params", "model_param_count", "model_state_bytes",
-    "optimizer_bytes", "pads", "param_counts", "render", "stage_params",
+    "optimizer_bytes", "param_counts", "render", "stage_params",
 ]

@@ -20,14 +20,13 @@ from vlmtrain.check.memory.activations import (
 from vlmtrain.check.memory.params import StageParams, layer_params, stage_params
 from vlmtrain.check.memory.workload import Workload, default_workload
 from vlmtrain.config import architecture as arch
-from vlmtrain.config import world
 from vlmtrain.config.groups import precision
-from vlmtrain.config.groups.data import capacity
 from vlmtrain.config.groups.dispatcher import Backend
 from vlmtrain.config.groups.parallelism import Kind as ParKind
 from vlmtrain.config.groups.precision import VisionPrecision
 
 if TYPE_CHECKING:
+    from vlmtrain.config.resolve import Resolved
     from vlmtrain.config.schema import RunConfig
     from vlmtrain.config.world import Layout
 
@@ -181,12 +180,11 @@ def quantized_weight_bytes(run: RunConfig, lay: Layout, layers: range, sp: Stage
     return QUANTIZED_COPY_BYTES * (decoder + vit)
 
 
-def _stage_estimate(run: RunConfig, lay: Layout, stage: int, w: Workload) -> MemoryBreakdown:
-    sp = stage_params(run, lay, stage)
-    layers = world.stage_layers(run, lay)[stage]
+def _stage_estimate(run: RunConfig, res: Resolved, stage: int, w: Workload) -> MemoryBreakdown:
+    lay, layers = res.layout, res.stage_layers[stage]
+    sp = stage_params(run, res, stage)
     mbs = run.train.micro_batch_size
-    microbatches = max(run.train.global_batch_size // max(mbs * lay.dp, 1), 1)
-    inflight = inflight_microbatches(lay, stage, microbatches)
+    inflight = inflight_microbatches(lay, stage, max(res.grad_accum, 1))
     tokens = mbs * w.seq_len / lay.cp  # per micro-batch on this rank (CP splits the sequence)
     patches = mbs * min(w.image_tokens, w.seq_len) * arch.PATCHES_PER_TOKEN
     params, grads, optimizer, buckets = model_state_bytes(run, lay, sp)
@@ -209,23 +207,22 @@ def _stage_estimate(run: RunConfig, lay: Layout, stage: int, w: Workload) -> Mem
     )
 
 
-def estimate(run: RunConfig, workload: Workload | None = None) -> MemoryBreakdown:
+def estimate(run: RunConfig, res: Resolved, workload: Workload | None = None) -> MemoryBreakdown:
     """Peak memory of the worst rank: every pipeline stage is estimated and the largest `total` wins (stage 0
     carries the ViT and embedding, the last stage the output layer and logits).
 
-    `workload` defaults to `default_workload(run)` (the worst case); pass the measured longest sample to compare
-    with a real run (vlmtrain.lab.calibrate.memory_check).
+    `workload` defaults to `default_workload(run, res)` (the worst case); pass the measured longest sample to
+    compare with a real run (vlmtrain.lab.calibrate.memory_check).
     """
-    lay = world.layout(run)
-    w = workload or default_workload(run)
-    return max((_stage_estimate(run, lay, s, w) for s in range(lay.pp)), key=lambda b: b.total)
+    w = workload or default_workload(run, res)
+    return max((_stage_estimate(run, res, s, w) for s in range(res.layout.pp)), key=lambda b: b.total)
 
 
-def render(run: RunConfig, b: MemoryBreakdown | None = None) -> list[str]:
+def render(run: RunConfig, res: Resolved, b: MemoryBreakdown | None = None) -> list[str]:
     """The dry-run plan's memory section: the breakdown, then total vs the hardware budget and the headroom."""
-    b = b or estimate(run)
+    b = b or estimate(run, res)
     budget = run.hardware.memory_gib
-    packed = capacity(run)
+    packed = res.packing_capacity
     shorter = "a packed row holds <= capacity real tokens" if packed else "unpadded data runs shorter"
     seq = f"seq {b.seq_len} ({'padded' if b.padded else f'worst case; {shorter}'})"
     unit = "1 packed row" if packed else f"MBS {run.train.micro_batch_size}"

@@ -11,6 +11,7 @@ from vlmtrain.config import world
 
 if TYPE_CHECKING:
     from vlmtrain.config.groups.model import LinearAttentionConfig, ModelConfig
+    from vlmtrain.config.resolve import Resolved
     from vlmtrain.config.schema import RunConfig
     from vlmtrain.config.world import Layout
 
@@ -88,12 +89,13 @@ def layer_params(m: ModelConfig, lay: Layout, layer: int) -> tuple[int, int]:
     return mixer + dense, expert
 
 
-def stage_params(run: RunConfig, lay: Layout, stage: int) -> StageParams:
+def stage_params(run: RunConfig, res: Resolved, stage: int) -> StageParams:
     """What one rank of `stage` holds: stage 0 has the ViT, projector and embedding; the last stage the final
-    norm and the (untied) output layer; each stage its decoder layers."""
+    norm and the (untied) output layer; each stage its decoder layers (res.stage_layers)."""
+    lay = res.layout
     m, last = run.model, lay.pp - 1
     vit, projector = _vision_params(m, lay.tp) if stage == 0 else (0, 0)
-    per_layer = [layer_params(m, lay, i) for i in world.stage_layers(run, lay)[stage]]
+    per_layer = [layer_params(m, lay, i) for i in res.stage_layers[stage]]
     dense, expert = sum(d for d, _ in per_layer), sum(e for _, e in per_layer)
     vocab = m.vocab_size * m.hidden_size // lay.tp  # Bridge does not pad the vocab (should_pad_vocab=False)
     dense += vocab if stage == 0 else 0
@@ -105,14 +107,13 @@ def _split(n: int, frozen: bool) -> dict[str, int]:
     return {"trainable": 0 if frozen else n, "frozen": n if frozen else 0}
 
 
-def param_counts(run: RunConfig, stage: int | None = None) -> dict[str, dict[str, int]]:
+def param_counts(run: RunConfig, res: Resolved, stage: int | None = None) -> dict[str, dict[str, int]]:
     """Trainable/frozen parameters per tower on one rank, in checks.json's shape (train.after_build.tower_params).
 
     `stage` defaults to the last pipeline stage: the checks of the GPU runs were written by the last rank. On one
     GPU this is the whole model; EP halves the experts, TP splits the matrices, PP keeps one stage's layers.
     """
-    lay = world.layout(run)
-    sp = stage_params(run, lay, lay.pp - 1 if stage is None else stage)
+    sp = stage_params(run, res, res.layout.pp - 1 if stage is None else stage)
     v = run.vision
     return {"vision": _split(sp.vision, v.freeze_vision_model),
             "projector": _split(sp.projector, v.freeze_vision_projection),

@@ -1,4 +1,5 @@
-"""The workload the estimate assumes: tokens per sample, image tokens per sample, and whether Bridge pads."""
+"""The workload the estimate assumes: tokens per sample, image tokens per sample, and whether the row is padded
+(the length and the padding come from config.resolve, which decides them for every consumer)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,11 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from vlmtrain.config import world
 from vlmtrain.config.groups.data import Kind as DataKind
-from vlmtrain.config.groups.data import capacity, pads_to_max_length, row_length
 from vlmtrain.config.tokens import COLLATE_MAX_TOKENS, COLLATE_MIN_TOKENS, TOKEN_PX
 
 if TYPE_CHECKING:
+    from vlmtrain.config.resolve import Resolved
     from vlmtrain.config.schema import RunConfig
 
 
@@ -24,32 +24,19 @@ class Workload:
     image_tokens: int
     """LLM image tokens per sample; the ViT sees 4x as many patches."""
     padded: bool
-    """True when Bridge pads every sample to train.seq_length (then seq_len is exact, not a bound)."""
-
-
-def pads(run: RunConfig) -> bool:
-    """Bridge pads every sample to seq_length with PP>1 or EP>1 (validate()) and where vlmtrain asks it to (CUDA
-    graphs' static shapes or data.pad_to_max_length: config.groups.data.pads_to_max_length). A packed row keeps
-    real tokens only unless it is static (padded to the capacity: Resolved.packing_static).
-    train.step_counters.StepCounters counts padded tokens by this rule."""
-    if capacity(run):
-        from vlmtrain.config.resolve import resolve
-
-        return resolve(run).packing_static
-    lay = world.layout(run)
-    return lay.pp > 1 or lay.ep > 1 or pads_to_max_length(run)
+    """True when the row runs padded to its length (Resolved.padded: then seq_len is exact, not a bound)."""
 
 
 def _image_tokens(tokens_w: int, tokens_h: int) -> int:
     return min(max(tokens_w * tokens_h, COLLATE_MIN_TOKENS), COLLATE_MAX_TOKENS)
 
 
-def image_token_bound(run: RunConfig) -> int:
+def image_token_bound(run: RunConfig, res: Resolved) -> int:
     """Most image tokens one sample (a packed run: one row of many samples) can carry, from what the data group
     declares; the sequence (the capacity) when it declares nothing or a row may hold many samples (every token
     could be an image token)."""
-    d, seq = run.data, row_length(run)
-    if capacity(run):
+    d, seq = run.data, res.seq_length
+    if res.packing_capacity:
         return seq
     if d.kind == DataKind.mock:
         w, h = d.mock_image_size
@@ -62,8 +49,8 @@ def image_token_bound(run: RunConfig) -> int:
     return seq
 
 
-def default_workload(run: RunConfig) -> Workload:
+def default_workload(run: RunConfig, res: Resolved) -> Workload:
     """The worst case the plan and preflight assume: seq_length tokens per sample (a packed run: the capacity per
     row, its one sample per micro-batch; exact when padded, an upper bound otherwise) carrying the most image tokens
     the data allows."""
-    return Workload(seq_len=row_length(run), image_tokens=image_token_bound(run), padded=pads(run))
+    return Workload(seq_len=res.seq_length, image_tokens=image_token_bound(run, res), padded=res.padded)

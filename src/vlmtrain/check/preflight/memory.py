@@ -11,12 +11,11 @@ from vlmtrain.check.preflight.registry import Severity, rule
 if TYPE_CHECKING:
     from vlmtrain.config.resolve import Resolved
     from vlmtrain.config.schema import RunConfig
-    from vlmtrain.config.world import Layout
 
 
-def _memory_verdict(run: RunConfig, lay: Layout) -> tuple[memory.MemoryBreakdown, float]:
+def _memory_verdict(run: RunConfig, res: Resolved) -> tuple[memory.MemoryBreakdown, float]:
     """(estimate, fraction of the hardware group's memory_gib): pure arithmetic, no Bridge import."""
-    b = memory.estimate(run)
+    b = memory.estimate(run, res)
     return b, b.total / run.hardware.memory_gib
 
 
@@ -48,13 +47,11 @@ def memory_message(run: RunConfig, res: Resolved, b: memory.MemoryBreakdown, ver
 
 @rule(Severity.error)
 def memory_fits(run: RunConfig, res: Resolved) -> str | None:
-    lay = res.layout
-    b, frac = _memory_verdict(run, lay)
+    b, frac = _memory_verdict(run, res)
     return memory_message(run, res, b, "does not fit") if frac > 1.0 else None
 
 
 @rule(Severity.warning)
 def memory_headroom(run: RunConfig, res: Resolved) -> str | None:
-    lay = res.layout
-    b, frac = _memory_verdict(run, lay)
+    b, frac = _memory_verdict(run, res)
     return memory_message(run, res, b, f"is tight ({frac:.0%})") if 0.9 < frac <= 1.0 else None

@@ -55,19 +55,6 @@ def bf16_layers_fit_each_stage(run: RunConfig, res: Resolved) -> str | None:
     return None
 
 
-@rule(Severity.error)
-def quantized_packing_alignment(run: RunConfig, res: Resolved) -> str | None:
-    """TE's quantized GEMMs need a token count that is a multiple of 16 (32 for MXFP8/NVFP4). vlmtrain's packed
-    collate pads each sample's segment to Resolved.pack_align, which includes that multiple; a row padded to the
-    capacity then needs the capacity to be a multiple of it too (the other multiples: packing_capacity_multiple)."""
-    mult = precision.gemm_token_multiple(run)
-    cap = res.packing_capacity
-    if cap and cap % mult:
-        return (f"precision={run.precision.format} with data.packing={cap}: the packed row's token count must be "
-                f"a multiple of {mult} for TE's quantized GEMMs. Use data.packing={cap // mult * mult or mult}.")
-    return None
-
-
 @rule(Severity.warning)
 def quantized_unmeasured_combination(run: RunConfig, res: Resolved) -> str | None:
     if not precision.quantized(run):

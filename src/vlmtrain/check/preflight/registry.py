@@ -59,12 +59,9 @@ def bridge(run: RunConfig, section: str, key: str) -> object:
     return world.bridge_section(run, section).get(key)
 
 
-def check(run: RunConfig, resolved: Resolved | None = None) -> list[Finding]:
-    """Every finding for this run (`resolved`: config.resolve.resolve(run), computed here when not given); rules
-    named in preflight.ignore are downgraded to warnings."""
-    from vlmtrain.config.resolve import resolve
-
-    res = resolved if resolved is not None else resolve(run)
+def check(run: RunConfig, res: Resolved) -> list[Finding]:
+    """Every finding for this run (`res`: its config.resolve values); rules named in preflight.ignore are
+    downgraded to warnings."""
     out = []
     for severity, fn in RULES:
         msg = fn(run, res)
@@ -78,9 +75,9 @@ def errors(findings: list[Finding]) -> list[Finding]:
     return [f for f in findings if f.severity == Severity.error]
 
 
-def enforce(run: RunConfig, resolved: Resolved | None = None) -> list[Finding]:
+def enforce(run: RunConfig, res: Resolved) -> list[Finding]:
     """Raise PreflightError on any error; return the warnings."""
-    findings = check(run, resolved)
+    findings = check(run, res)
     if errors(findings):
         raise PreflightError(errors(findings))
     return findings

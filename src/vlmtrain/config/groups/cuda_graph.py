@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
 
+    from vlmtrain.config.resolve import Resolved
     from vlmtrain.config.schema import RunConfig
 
 OWNS = frozenset(
@@ -43,7 +44,7 @@ def enabled(run: RunConfig) -> bool:
     return bool(run.cuda_graph.modules)
 
 
-def apply(run: RunConfig, cfg: ConfigContainer) -> None:
+def apply(run: RunConfig, res: Resolved, cfg: ConfigContainer) -> None:
     from megatron.bridge.utils.cuda_graph import set_cuda_graph_modules
 
     m, on = cfg.model, enabled(run)

@@ -38,6 +38,7 @@ from vlmtrain.config.tokens import COLLATE_MAX_TOKENS, COLLATE_MIN_TOKENS
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
 
+    from vlmtrain.config.resolve import Resolved
     from vlmtrain.config.schema import RunConfig
 
 
@@ -197,7 +198,7 @@ def pads_to_max_length(run: RunConfig) -> bool:
     return run.data.pad_to_max_length or cuda_graph.enabled(run)
 
 
-def apply(run: RunConfig, cfg: ConfigContainer, proc: str, hf_source: dict[str, Any] | None,
+def apply(run: RunConfig, res: Resolved, cfg: ConfigContainer, proc: str, hf_source: dict[str, Any] | None,
           energon_kwargs: dict[str, Any], packed: Callable[..., Any] | None = None) -> None:
     """Bridge's dataset config on the processor `proc` and the source the data scan left (vlmtrain.data.prepare).
     `packed`: with a packing capacity, the data stage's dataset config bound to this run's bins
@@ -209,9 +210,6 @@ def apply(run: RunConfig, cfg: ConfigContainer, proc: str, hf_source: dict[str, 
                              "(preflight: packing_needs_scanned_data)")
         from megatron.bridge.data.sources.hf import HFDatasetSourceConfig
 
-        from vlmtrain.config.resolve import resolve
-
-        res = resolve(run)
         cfg.dataset = packed(seq_length=res.packing_capacity, source=HFDatasetSourceConfig(**hf_source),
                              hf_processor_path=proc, static=res.packing_static, pack_align=res.pack_align,
                              num_workers=d.num_workers)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
 
+    from vlmtrain.config.resolve import Resolved
     from vlmtrain.config.schema import RunConfig
 
 
@@ -46,7 +47,7 @@ class DispatcherConfig:
     """SMs given to the flex (HybridEP/DeepEP) kernels (model.moe_flex_dispatcher_num_sms); null = library default."""
 
 
-def apply(run: RunConfig, cfg: ConfigContainer) -> None:
+def apply(run: RunConfig, res: Resolved, cfg: ConfigContainer) -> None:
     m = cfg.model
     if run.dispatcher.backend == Backend.alltoall:
         m.moe_token_dispatcher_type = "alltoall"

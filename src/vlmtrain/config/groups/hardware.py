@@ -8,7 +8,7 @@
 | h200   | 8         | 8             | 989 / 1979 / -                        | alltoall           |
 
 The env vars must be in the environment before Python imports torch (Bridge's `env_vars` are applied late
-with setdefault), so the launcher exports the resolved env (config.resolve keeps it per group, `runtime_env()`
+with setdefault), so the launcher exports the resolved env (config.resolve keeps it per group, `Resolved.env_vars`
 merges it); `apply()` also records them in `cfg.env_vars`.
 """
 
@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
 
+    from vlmtrain.config.resolve import Resolved
     from vlmtrain.config.schema import RunConfig
 
 OWNS = frozenset({"env_vars"})
@@ -64,13 +65,11 @@ def hybridep_env(hw: HardwareConfig, ep: int) -> dict[str, str]:
 
 
 def runtime_env(run: RunConfig) -> dict[str, str]:
-    """Every env var a rank needs, merged: config.resolve.group_env (the hardware's own, the kernels group's, the
-    model group's, HybridEP topology, NCCL_GRAPH_REGISTER=0 under CUDA graphs with expandable segments), which
-    `Resolved.env` keeps per group."""
-    from vlmtrain.config import resolve, world
+    """Every env var a rank needs, merged (Resolved.env_vars: config.resolve.group_env keeps them per group)."""
+    from vlmtrain.config.resolve import resolve
 
-    return resolve.merge_env(resolve.group_env(run, world.layout(run)))
+    return resolve(run).env_vars
 
 
-def apply(run: RunConfig, cfg: ConfigContainer) -> None:
-    cfg.env_vars = runtime_env(run)
+def apply(run: RunConfig, res: Resolved, cfg: ConfigContainer) -> None:
+    cfg.env_vars = res.env_vars

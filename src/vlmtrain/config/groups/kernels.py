@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
 
+    from vlmtrain.config.resolve import Resolved
     from vlmtrain.config.schema import RunConfig
 
 OWNS = frozenset({"model.moe_router_fusion", "model.cross_entropy_fusion_impl", "model.gradient_accumulation_fusion"})
@@ -104,7 +105,7 @@ def env(run: RunConfig) -> dict[str, str]:
     return {CUTLASS_ENV: "1"} if run.kernels.moe_grouped_gemm == GroupedGemm.cutlass else {}
 
 
-def apply(run: RunConfig, cfg: ConfigContainer) -> None:
+def apply(run: RunConfig, res: Resolved, cfg: ConfigContainer) -> None:
     cfg.model.moe_router_fusion = run.kernels.router_fusion
     cfg.model.cross_entropy_fusion_impl = str(run.kernels.cross_entropy)
     # off by default: without APEX, Megatron's non-TE linears (the ViT mergers) fail unless wgrad_fusion installs

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
 
+    from vlmtrain.config.resolve import Resolved
     from vlmtrain.config.schema import RunConfig
 
 
@@ -214,9 +215,7 @@ def env(run: RunConfig) -> dict[str, str]:
     return out
 
 
-def apply(run: RunConfig, cfg: ConfigContainer) -> None:
-    from vlmtrain.config.groups.data import row_length
-
-    cfg.model.seq_length = row_length(run)  # a packed run's row: CUDA graphs and pipeline buffers are capacity x 1
+def apply(run: RunConfig, res: Resolved, cfg: ConfigContainer) -> None:
+    cfg.model.seq_length = res.seq_length  # a packed run's row: CUDA graphs and pipeline buffers are capacity x 1
     # mRoPE has no fused kernel in Bridge (runtime assert; ../shared/notes/STACK.md): kernels.rope replaces its path
     cfg.model.apply_rope_fusion = False

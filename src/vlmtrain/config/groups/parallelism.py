@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
 
+    from vlmtrain.config.resolve import Resolved
     from vlmtrain.config.schema import RunConfig
 
 
@@ -80,10 +81,8 @@ class ParallelismConfig:
             raise ValueError(f"parallelism.kind={self.kind!r}: choose one of {KINDS} (parallelism=fsdp|3d).")
 
 
-def apply(run: RunConfig, cfg: ConfigContainer) -> None:
-    from vlmtrain.config import world
-
-    lay = world.layout(run)
+def apply(run: RunConfig, res: Resolved, cfg: ConfigContainer) -> None:
+    lay = res.layout
     m = cfg.model
     m.tensor_model_parallel_size = lay.tp
     m.pipeline_model_parallel_size = lay.pp

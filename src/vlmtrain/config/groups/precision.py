@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
 
     from vlmtrain.config.groups.hardware import HardwareConfig
+    from vlmtrain.config.resolve import Resolved
     from vlmtrain.config.schema import RunConfig
 
 
@@ -168,7 +169,7 @@ def replacements(run: RunConfig) -> list[str]:
     return ["vit_quantized"] if quantized(run) and run.precision.vision == VisionPrecision.quantized else []
 
 
-def apply(run: RunConfig, cfg: ConfigContainer) -> None:
+def apply(run: RunConfig, res: Resolved, cfg: ConfigContainer) -> None:
     from megatron.bridge.training.mixed_precision import get_mixed_precision_config
 
     p = run.precision

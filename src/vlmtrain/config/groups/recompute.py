@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
 
+    from vlmtrain.config.resolve import Resolved
     from vlmtrain.config.schema import RunConfig
 
 
@@ -53,7 +54,7 @@ class RecomputeConfig:
     """Full only: layers per recompute chunk (uniform) or recomputed layers per stage (block)."""
 
 
-def apply(run: RunConfig, cfg: ConfigContainer) -> None:
+def apply(run: RunConfig, res: Resolved, cfg: ConfigContainer) -> None:
     r, m = run.recompute, cfg.model
     full = r.granularity == Granularity.full
     m.recompute_granularity = None if r.granularity == Granularity.none else str(r.granularity)

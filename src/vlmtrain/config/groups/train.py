@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
 
+    from vlmtrain.config.resolve import Resolved
     from vlmtrain.config.schema import RunConfig
 
 OWNS = frozenset(
@@ -92,7 +93,7 @@ class TrainConfig:
     (skipped_steps in metrics.jsonl)."""
 
 
-def apply(run: RunConfig, cfg: ConfigContainer) -> None:
+def apply(run: RunConfig, res: Resolved, cfg: ConfigContainer) -> None:
     t = run.train
     cfg.train.micro_batch_size = t.micro_batch_size
     cfg.train.global_batch_size = t.global_batch_size

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
 
+    from vlmtrain.config.resolve import Resolved
     from vlmtrain.config.schema import RunConfig
 
 OWNS = frozenset({"model.freeze_vision_model", "model.freeze_vision_projection", "model.freeze_language_model"})
@@ -34,7 +35,7 @@ def frozen(run: RunConfig) -> bool:
     return run.vision.freeze_vision_model
 
 
-def apply(run: RunConfig, cfg: ConfigContainer) -> None:
+def apply(run: RunConfig, res: Resolved, cfg: ConfigContainer) -> None:
     cfg.model.freeze_vision_model = run.vision.freeze_vision_model
     cfg.model.freeze_vision_projection = run.vision.freeze_vision_projection
     cfg.model.freeze_language_model = run.vision.freeze_language_model

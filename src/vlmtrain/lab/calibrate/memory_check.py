@@ -32,6 +32,7 @@ from typing import Any
 
 from vlmtrain.check import memory
 from vlmtrain.config.compose import compose
+from vlmtrain.config.resolve import Resolved, resolve
 from vlmtrain.config.schema import RunConfig
 from vlmtrain.lab import store
 from vlmtrain.lab.runner import ROOT
@@ -57,7 +58,7 @@ def sample_lengths(run: RunConfig) -> list[tuple[int, int]]:
 
     from vlmtrain.data import prepare
 
-    rows_file = prepare.prepare(run).jsonl
+    rows_file = prepare.prepare(run, resolve(run)).jsonl
     if rows_file is None:
         raise ValueError(f"data={run.data.kind}: no local rows to measure")
     processor = AutoProcessor.from_pretrained(str(prepare.processor_dir(run)))
@@ -74,11 +75,11 @@ def sample_lengths(run: RunConfig) -> list[tuple[int, int]]:
     return out
 
 
-def measured_workload(run: RunConfig, lengths: list[tuple[int, int]]) -> memory.Workload:
+def measured_workload(run: RunConfig, res: Resolved, lengths: list[tuple[int, int]]) -> memory.Workload:
     """The micro-batch the run actually ran at its largest: padded runs run seq_length; unpadded runs the longest
     sample rounded up to the collate's multiple of 128."""
     longest = max(n for n, _ in lengths)
-    padded = memory.pads(run)
+    padded = res.padded
     seq = run.train.seq_length if padded else min(run.train.seq_length,
                                                   math.ceil(longest / COLLATE_PAD_MULTIPLE) * COLLATE_PAD_MULTIPLE)
     return memory.Workload(seq_len=seq, image_tokens=max(i for _, i in lengths), padded=padded)
@@ -106,8 +107,9 @@ def row(record: dict[str, Any], lengths_cache: dict[str, list[tuple[int, int]]],
     key = json.dumps([str(run.data.kind), str(run.data.path), repr(run.data.payload)])
     if key not in lengths_cache:
         lengths_cache[key] = sample_lengths(run)
-    w = measured_workload(run, lengths_cache[key])
-    b, worst = memory.estimate(run, w), memory.estimate(run)
+    res = resolve(run)
+    w = measured_workload(run, res, lengths_cache[key])
+    b, worst = memory.estimate(run, res, w), memory.estimate(run, res)
     measured = float(record["metrics"]["peak_mem_gib"])
     err = error_pct(b.allocated, measured)
     return {

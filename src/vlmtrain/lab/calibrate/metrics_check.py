@@ -45,11 +45,12 @@ def samples_per_step(run: RunConfig, steps: int) -> list[list[dict]]:
     from transformers import AutoProcessor
 
     from vlmtrain.build import container
-    from vlmtrain.config import world
+    from vlmtrain.config.resolve import resolve
     from vlmtrain.data import prepare
 
-    cfg = container.build(run)
-    gbs, mbs, dp = run.train.global_batch_size, run.train.micro_batch_size, world.layout(run).dp
+    res = resolve(run)
+    cfg = container.build(run, res)
+    gbs, mbs, dp = run.train.global_batch_size, run.train.micro_batch_size, res.layout.dp
     ds = get_dataset_provider(cfg.dataset)([run.train.iterations * gbs, 0, 0], cfg.dataset)[0]
     ranks = [
         iter(
@@ -68,7 +69,7 @@ def samples_per_step(run: RunConfig, steps: int) -> list[list[dict]]:
     proc = AutoProcessor.from_pretrained(str(prepare.processor_dir(run)))
     out = []
     for _ in range(steps):
-        idx = [i for it in ranks for _ in range(gbs // (mbs * dp)) for i in next(it)]
+        idx = [i for it in ranks for _ in range(res.grad_accum) for i in next(it)]
         batch = []
         for i in idx:
             conv = ds[i]["conversation"]

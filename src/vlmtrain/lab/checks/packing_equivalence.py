@@ -83,7 +83,7 @@ def run_cases(only: list[str] | None, results_path: Path, commit: str) -> int:
         run = compose([*BASE, *overrides], output_dir=str(run_dir))
         res = resolve(run)
         preflight.enforce(run, res)
-        prepare.prepare(run)
+        prepare.prepare(run, res)
         rc = local.launch(run, res, module=harness.__name__, log="equivalence.log")
         out = json.loads((run_dir / harness.RESULT).read_text()) if (run_dir / harness.RESULT).exists() else {}
         command = "python -m vlmtrain.lab.checks.packing_equivalence --only " + name

@@ -92,8 +92,10 @@ def checkpoint_gib(case: PreemptCase) -> float:
     optimizer, world size 1)."""
     from vlmtrain.check.memory.estimate import estimate
     from vlmtrain.config.compose import compose
+    from vlmtrain.config.resolve import resolve
 
-    b = estimate(compose(overrides(case, None)))
+    run = compose(overrides(case, None))
+    b = estimate(run, resolve(run))
     return b.params + b.optimizer
 
 

@@ -38,12 +38,14 @@ def dataset(capacity: int, out: Path, items: int, overrides: list[str]) -> Any:
 
     from vlmtrain.build import container, target
     from vlmtrain.config.compose import compose
+    from vlmtrain.config.resolve import resolve
     from vlmtrain.data import prepare
     from vlmtrain.train import bridge_patches
 
     run = compose([*H1, f"data.packing={capacity}", *overrides], output_dir=str(out))
-    prepare.prepare(run)
-    cfg = container.build(run)
+    res = resolve(run)
+    prepare.prepare(run, res)
+    cfg = container.build(run, res)
     target.finalize(run, cfg)
     bridge_patches.install(run)
     train, _, _ = get_dataset_provider(cfg.dataset)([items, 0, 0], cfg.dataset)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from vlmtrain.lab.spec import Spec, Stage
 
 if TYPE_CHECKING:
+    from vlmtrain.config.resolve import Resolved
     from vlmtrain.config.schema import RunConfig
 
 LAYOUT_KINDS = ("fsdp", "dp", "3d")
@@ -96,14 +97,18 @@ def candidates(spec: Spec, parents: list[dict[str, Any]], grids: list[dict[str, 
     return list(seen.values())
 
 
-def placed(overrides: list[str], node_gpus: int) -> RunConfig:
-    """The run as train.py composes it, on the world it will run on."""
-    from vlmtrain.config import world
+def placed_resolved(overrides: list[str], node_gpus: int) -> tuple[RunConfig, Resolved]:
+    """The run as train.py composes it, placed on the world it will run on and resolved (config.resolve.placed)."""
+    from vlmtrain.config import resolve
     from vlmtrain.config.compose import compose
 
     run = compose(overrides)
-    run.gpus_per_node = world.placement(run, node_gpus).gpus_per_node
-    return run
+    return run, resolve.placed(run, node_gpus)[1]
+
+
+def placed(overrides: list[str], node_gpus: int) -> RunConfig:
+    """The run as train.py composes it, on the world it will run on."""
+    return placed_resolved(overrides, node_gpus)[0]
 
 
 def packed_rows(spec: Spec, overrides: list[str], node_gpus: int) -> list[str]:
@@ -113,20 +118,17 @@ def packed_rows(spec: Spec, overrides: list[str], node_gpus: int) -> list[str]:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from vlmtrain.config import world
-    from vlmtrain.config.groups.data import capacity
-
     per_sample = (spec.get("packed_rows") or {}).get("tokens_per_sample")
     if not per_sample:
         return []
     try:
-        run = placed(overrides, node_gpus)
+        run, res = placed_resolved(overrides, node_gpus)
     except (HydraException, OmegaConfBaseException, ValueError):
         return []  # check() reports it
-    cap = capacity(run)
+    cap = res.packing_capacity
     if cap is None:
         return []
-    dp = world.layout(run).dp
+    dp = res.layout.dp
     rows = max(1, math.floor(run.train.global_batch_size * per_sample / cap / dp + 0.5)) * dp
     return [f"train.global_batch_size={rows}"]
 
@@ -138,11 +140,10 @@ def check(overrides: list[str], node_gpus: int) -> list[str]:
     from omegaconf.errors import OmegaConfBaseException
 
     from vlmtrain.check import preflight
-    from vlmtrain.config.resolve import resolve
 
     try:
-        run = placed(overrides, node_gpus)
-        findings = preflight.check(run, resolve(run))
+        run, res = placed_resolved(overrides, node_gpus)
+        findings = preflight.check(run, res)
     except (HydraException, OmegaConfBaseException, ValueError) as e:
         return [f"[error] compose: {' '.join(f'{type(e).__name__}: {e}'.split())}"]
     if run.dispatcher.backend in FLEX and importlib.util.find_spec("deep_ep") is None:
@@ -163,11 +164,9 @@ def prune(spec: Spec, cands: list[Candidate], node_gpus: int) -> list[Candidate]
     return cands
 
 
-def layout_name(run: RunConfig) -> str:
+def layout_name(run: RunConfig, res: Resolved) -> str:
     """The layout a composed run trains with, named as `layouts` names them (`fsdp-ep8`, `3d-tp2-ep4`)."""
-    from vlmtrain.config.world import layout
-
-    lay = layout(run)
+    lay = res.layout
     return _name(run.parallelism.kind, lay.tp, lay.pp, lay.vpp, lay.cp, lay.ep, lay.etp)
 
 
@@ -179,12 +178,12 @@ def fill_defaults(spec: Spec, node_gpus: int = 0) -> None:
 
     from vlmtrain.config.groups import CHOSEN
 
-    run = placed(spec.base, node_gpus)
+    run, res = placed_resolved(spec.base, node_gpus)
     tree = OmegaConf.structured(run)
     for key, value in spec.defaults.items():
         if value is not None or spec.knobs[key].options is not None:
             continue
         if key == "layout":
-            spec.defaults[key] = layout_name(run)
+            spec.defaults[key] = layout_name(run, res)
         else:
             spec.defaults[key] = run.choices.get(key) if key in CHOSEN else OmegaConf.select(tree, key)
