@@ -246,10 +246,10 @@ def test_grouped_expert_wgrad_matches_te_grouped_linear(monkeypatch: pytest.Monk
 
 
 def test_expert_wgrad_and_precision_aware_optimizer_train_the_same_losses(tmp_path: Path) -> None:
-    """train.py under parallelism=3d with kernels.wgrad_fusion (experiment=perf_h200_best's), then with the grouped
-    expert wgrad and TE's precision-aware Adam: the same first loss (the forward is the same) and the same curve
-    after, within the rounding of the experts' BF16 gradients (the Adam math is FP32 on both sides)."""
-    base = ("parallelism=3d", "kernels.wgrad_fusion=true")
+    """train.py under parallelism=3d, then with the grouped expert wgrad and TE's precision-aware Adam: the same first
+    loss (the forward is the same) and the same curve after, within the rounding of the experts' BF16 gradients (the
+    Adam math is FP32 on both sides). Unfused: preflight refuses the grouped wgrad with kernels.wgrad_fusion."""
+    base = ("parallelism=3d",)
     off, on = tiny_curves(tmp_path, "expert_wgrad", [], ["kernels.expert_wgrad=grouped",
                                                          "precision.precision_aware_optimizer=true"], base=base)
     assert on[0] == off[0]

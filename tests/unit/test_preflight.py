@@ -26,6 +26,9 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
                                     [*B30, "kernels.vit_attention_head_dim=128"]),
     "wgrad_fusion_under_fsdp": (["parallelism=fsdp", "kernels.wgrad_fusion=true"],
                                 ["parallelism=3d", "kernels.wgrad_fusion=true"]),
+    "expert_wgrad_grouped_unfused_only": (
+        ["parallelism=3d", "kernels.wgrad_fusion=true", "kernels.expert_wgrad=grouped"],
+        ["parallelism=3d", "kernels.expert_wgrad=grouped"]),
     "precision_aware_optimizer_under_fsdp": (["parallelism=fsdp", "precision.precision_aware_optimizer=true"],
                                              ["parallelism=3d", "precision.precision_aware_optimizer=true"]),
     "fsdp_needs_pp1": (["parallelism=fsdp", "parallelism.pp=2"], ["parallelism=fsdp"]),

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from vlmtrain.check.preflight.registry import Severity, rule
 from vlmtrain.config import architecture
-from vlmtrain.config.groups.kernels import GroupedGemm
+from vlmtrain.config.groups.kernels import ExpertWgrad, GroupedGemm
 from vlmtrain.config.groups.parallelism import Kind as ParKind
 
 if TYPE_CHECKING:
@@ -43,4 +43,14 @@ def wgrad_fusion_under_fsdp(run: RunConfig, res: Resolved) -> str | None:
         return ("kernels.wgrad_fusion=true with parallelism=fsdp: Megatron-FSDP writes fused weight gradients its own "
                 "way, and vlmtrain has trained with kernels.wgrad_fusion under parallelism=3d only (tests/gpu/"
                 "test_fastpaths_gpu.py). Compare its losses with kernels.wgrad_fusion=false before relying on it.")
+    return None
+
+
+@rule(Severity.error)
+def expert_wgrad_grouped_unfused_only(run: RunConfig, res: Resolved) -> str | None:
+    """With fused accumulation the grouped expert wgrad missed TE's gradients on a GPU (docs/measurements.md)."""
+    if run.kernels.expert_wgrad == ExpertWgrad.grouped and run.kernels.wgrad_fusion:
+        return ("kernels.expert_wgrad=grouped with kernels.wgrad_fusion=true: its accumulated expert weight gradients "
+                "did not match TE's GroupedLinear on one H200 (tests/gpu/test_fastpaths_gpu.py::test_grouped_expert_"
+                "wgrad_matches_te_grouped_linear[True]). Use kernels.wgrad_fusion=false or kernels.expert_wgrad=te.")
     return None

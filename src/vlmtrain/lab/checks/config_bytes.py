@@ -14,6 +14,8 @@ every option of every config group at least once and all four models; the data k
 from __future__ import annotations
 
 import argparse
+import hashlib
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -46,6 +48,7 @@ CASES: dict[str, list[str]] = {
     "experiment_3d_gb200": ["experiment=3d_gb200"],
     "experiment_tune_h1": ["experiment=tune_h1"],
 }
+BINS_FILE = re.compile(r"^(\s*bins_file: )(\S+)$", re.M)
 EXPORTS = {"jsonl": "jsonl", "parquet": "parquet", "hf": "hf", "energon": "energon"}
 
 
@@ -57,13 +60,19 @@ def export_inputs(inputs: Path) -> None:
                             str(inputs / folder)], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
 
 
-def normalized(text: str, run_dir: Path, checkout: Path) -> str:
-    return text.replace(str(run_dir), "<run_dir>").replace(str(checkout), "<checkout>")
+def normalized(text: str, run_dir: Path, checkout: Path, inputs: Path) -> str:
+    """Paths that differ between checkouts replaced; a packed case's bins cache file (its name keys the data files'
+    modification times) replaced by the hash of what it holds."""
+    text = BINS_FILE.sub(lambda m: m[1] + "<bins sha1 " + hashlib.sha1(Path(m[2]).read_bytes()).hexdigest() + ">", text)
+    return (text.replace(str(run_dir), "<run_dir>").replace(str(inputs), "<inputs>")
+            .replace(str(checkout), "<checkout>"))
 
 
-def write(out: Path, only: list[str] | None = None, checkout: Path = ROOT) -> int:
+def write(out: Path, only: list[str] | None = None, checkout: Path = ROOT, inputs: Path | None = None) -> int:
+    """`inputs`: the exported datasets (default DIR/inputs); give both sides of a comparison the same folder, since
+    the packed cases' bins cache key holds the data files' modification times."""
     out.mkdir(parents=True, exist_ok=True)
-    inputs = out / "inputs"
+    inputs = inputs or out / "inputs"
     export_inputs(inputs)
     failed = []
     for name, overrides in CASES.items():
@@ -80,7 +89,7 @@ def write(out: Path, only: list[str] | None = None, checkout: Path = ROOT) -> in
             failed.append(name)
             print(f"[config-bytes] {name}: exit {rc}\n{run.log.read_text(errors='replace')[-4000:]}")
             continue
-        (out / f"{name}.yaml").write_text(normalized(yaml.read_text(), run_dir, checkout))
+        (out / f"{name}.yaml").write_text(normalized(yaml.read_text(), run_dir, checkout, inputs))
         print(f"[config-bytes] {name}: {len(yaml.read_bytes())} bytes", flush=True)
     return 1 if failed else 0
 
@@ -102,13 +111,14 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("out", type=Path)
     w.add_argument("--only", nargs="*", choices=list(CASES))
     w.add_argument("--checkout", type=Path, default=ROOT, help="the checkout whose train.py runs (default: this one)")
+    w.add_argument("--inputs", type=Path, help="the exported datasets' folder (default: OUT/inputs)")
     c = sub.add_parser("compare")
     c.add_argument("before", type=Path)
     c.add_argument("after", type=Path)
     args = ap.parse_args(argv)
     if args.command == "compare":
         return compare(args.before, args.after)
-    return write(args.out, args.only, args.checkout.resolve())
+    return write(args.out, args.only, args.checkout.resolve(), args.inputs)
 
 
 if __name__ == "__main__":
