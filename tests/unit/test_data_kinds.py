@@ -117,3 +117,14 @@ def test_exported_bad_image_fails_the_build_naming_it(bridge, compose, cache: Pa
     message = str(failed.value)
     assert f"{bad['sample']}" in message and bad["image"] in message and "image file is truncated" in message
     assert "data.skip_bad_images=true" in message
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet", "hf"])
+def test_exported_files_pack(bridge, compose, cache: Path, tmp_path: Path, exported: dict, fmt: str) -> None:
+    """data.packing on the user's own files: the bins are built before any GPU work from the copy Bridge reads
+    (an hf dataset's data_files is a list of arrow files, which the bins cache key once took for one path)."""
+    run, cfg = _build(compose, cache, tmp_path, *exported[fmt]["overrides"], "data.skip_bad_images=true",
+                      "data.packing=2048")
+    scan = json.loads((tmp_path / "run" / "data_scan.json").read_text())
+    assert scan["packing"]["capacity"] == 2048 and scan["packing"]["bins"] >= 1
+    assert scan["packing"]["bin_tokens_max"] <= 2048 and Path(cfg.dataset.bins_file).is_file()

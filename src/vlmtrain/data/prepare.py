@@ -150,9 +150,10 @@ def _bins(run: RunConfig, res: Resolved, report: Report, source: dict[str, Any])
 
     proc = processor_dir(run)
     stamps = dict(report.files)
-    for path in source.get("load_kwargs", {}).get("data_files", {}).values():  # the checked copy Bridge reads
-        st = Path(path).stat()
-        stamps[str(path)] = [st.st_size, st.st_mtime_ns]
+    for files in source.get("load_kwargs", {}).get("data_files", {}).values():  # the checked copy Bridge reads
+        for path in [files] if isinstance(files, str) else files:  # a split's files: one path or a list (data=hf)
+            st = Path(path).stat()
+            stamps[str(path)] = [st.st_size, st.st_mtime_ns]
     identity = {"source": source, "files": stamps, "processor": processor.PROCESSOR_VERSION}
     out = bins.prepare_bins(cache_dir(run), identity, source, str(proc), res.packing_capacity, report.dataset,
                             res.pack_align)
