@@ -47,7 +47,8 @@ def test_cross_product(compose, bridge):
         if expected:
             rejected += 1
             continue
-        cfg = container.build(run, resolve(run))
-        target.finalize(run, cfg)  # Bridge's own validation; raises if it refuses the combination
+        res = resolve(run)
+        cfg = container.build(run, res)
+        target.finalize(run, res, cfg)  # Bridge's own validation; raises if it refuses the combination
         accepted += 1
     assert (accepted, rejected) == (286, 362)  # 44 full-recompute jobs with trainable deepstack mergers refused

@@ -145,11 +145,12 @@ def test_resolved_configs_round_trip_to_yaml(compose, bridge, tmp_path):
     OmegaConf.save(OmegaConf.structured(run), tmp_path / "run.yaml")
     assert load_run(tmp_path / "run.yaml") == run
 
-    cfg = container.build(run, resolve(run))
-    target.finalize(run, cfg)
+    res = resolve(run)
+    cfg = container.build(run, res)
+    target.finalize(run, res, cfg)
     cfg.to_yaml(str(tmp_path / "bridge.yaml"))
     loaded = bridge.ConfigContainer.from_yaml(str(tmp_path / "bridge.yaml"))
-    target.finalize(run, loaded)  # derived scheduler steps are recomputed, not serialized
+    target.finalize(run, res, loaded)  # derived scheduler steps are recomputed, not serialized
     assert _flat(loaded.to_dict()) == _flat(cfg.to_dict())
 
 

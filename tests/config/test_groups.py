@@ -309,7 +309,7 @@ def test_option_sets_bridge_fields(compose, bridge, overrides, expected, tmp_pat
     res = resolve(run)
     assert not preflight.errors(preflight.check(run, res))
     cfg = container.build(run, res)
-    target.finalize(run, cfg)
+    target.finalize(run, res, cfg)
     for path, value in expected.items():
         if value == "<processor>":
             assert Path(get(cfg, path)).is_dir(), path

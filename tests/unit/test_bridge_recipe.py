@@ -66,7 +66,7 @@ def test_the_peer_counts_bridge_s_own_micro_batches(tmp_path: Path) -> None:
 
     run = bridge_recipe.h1_run(tmp_path / "run")
     cfg = bridge_recipe.recipe_config(run)
-    target.finalize(run, cfg)
+    target.finalize(run, resolve(run), cfg)
     train, valid, test = direct_hf_sft_train_valid_test_datasets_provider([4, 0, 0], cfg.dataset)
     assert valid is None and test is None
     batch = train.collate_fn([train[0], train[1]])

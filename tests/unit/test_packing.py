@@ -28,8 +28,9 @@ def _dataset(compose, tmp_path, cache: str, *overrides: str):
 
     run = compose(*RUN, f"data.cache_dir={cache}", *overrides, output_dir=str(tmp_path))
     assert not preflight.errors(preflight.check(run, resolve(run)))
-    cfg = container.build(run, resolve(run))
-    target.finalize(run, cfg)  # Bridge's own validation, as the dry-run plan does
+    res = resolve(run)
+    cfg = container.build(run, res)
+    target.finalize(run, res, cfg)  # Bridge's own validation, as the dry-run plan does
     train, _, _ = get_dataset_provider(cfg.dataset)([8, 0, 0], cfg.dataset)
     return run, cfg, train
 

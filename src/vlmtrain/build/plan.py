@@ -123,7 +123,7 @@ def dry_run(run: RunConfig, res: Resolved) -> int:
         print(render(run, res, None, findings, f"not attempted (bad data)\n{e}"))
         return 2
     try:
-        target.finalize(run, cfg)
+        target.finalize(run, res, cfg)
     except Exception as e:  # Bridge raises ValueError/AssertionError/RuntimeError from many places
         groups_hint = " ".join(f"{k}={v}" for k, v in run.choices.items())
         print(render(run, res, cfg, findings, f"FAILED for {groups_hint}: {type(e).__name__}: {e}"))

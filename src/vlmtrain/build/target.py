@@ -17,20 +17,19 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
 
+    from vlmtrain.config.resolve import Resolved
     from vlmtrain.config.schema import RunConfig
 
 
 @contextlib.contextmanager
-def declared_target(run: RunConfig) -> Iterator[None]:
+def declared_target(run: RunConfig, res: Resolved) -> Iterator[None]:
     """World size and GPU properties of the declared target, for the duration of the block."""
     import torch
-
-    from vlmtrain.config import world
 
     saved_env = dict(os.environ)
     saved_props = torch.cuda.get_device_properties
     hw = run.hardware
-    os.environ.update(WORLD_SIZE=str(world.layout(run).world_size), RANK="0", LOCAL_RANK="0")
+    os.environ.update(WORLD_SIZE=str(res.layout.world_size), RANK="0", LOCAL_RANK="0")
     if not torch.cuda.is_available():
         props = SimpleNamespace(
             major=hw.sm_major,
@@ -48,9 +47,9 @@ def declared_target(run: RunConfig) -> Iterator[None]:
         os.environ.update(saved_env)
 
 
-def finalize(run: RunConfig, cfg: ConfigContainer) -> None:
+def finalize(run: RunConfig, res: Resolved, cfg: ConfigContainer) -> None:
     """Bridge's own finalization and validation (what pretrain() runs first), on the declared target."""
     from megatron.bridge.training.config import runtime_config_update
 
-    with declared_target(run):
+    with declared_target(run, res):
         runtime_config_update(cfg)

@@ -16,17 +16,17 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
 
+    from vlmtrain.config.resolve import Resolved
     from vlmtrain.config.schema import RunConfig
 
 
-def build_cfg(run: RunConfig) -> ConfigContainer:
+def build_cfg(run: RunConfig, res: Resolved) -> ConfigContainer:
     """The same ConfigContainer vlmtrain.train.trainer.train() hands to pretrain() (build, then the helper patch), and
     the same model code: the kernels group's fast paths are part of what trains, not of vlmtrain's overhead."""
     from vlmtrain.build import container
-    from vlmtrain.config.resolve import resolve
     from vlmtrain.train import bridge_patches, trainer
 
-    cfg = container.build(run, resolve(run))
+    cfg = container.build(run, res)
     trainer.use_prebuilt_dataset_helpers()
     bridge_patches.install(run)
     return cfg
@@ -34,13 +34,15 @@ def build_cfg(run: RunConfig) -> ConfigContainer:
 
 def main(argv: list[str]) -> int:
     from vlmtrain.config.compose import load_run  # the run config exactly as vlmtrain.worker loads it on every rank
+    from vlmtrain.config.resolve import resolve
 
     run = load_run(argv[0])
-    cfg = build_cfg(run)
+    res = resolve(run)
+    cfg = build_cfg(run, res)
     if "--dry-run" in argv[1:]:
         from vlmtrain.build import target
 
-        target.finalize(run, cfg)  # Bridge's runtime_config_update for the declared target, as the plan does
+        target.finalize(run, res, cfg)  # Bridge's runtime_config_update for the declared target, as the plan does
         print(f"[direct] {argv[0]}: ConfigContainer built and validated by Bridge", flush=True)
         return 0
     from megatron.bridge.training.pretrain import pretrain

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from megatron.bridge.training.callbacks import Callback
 
+from vlmtrain.config.resolve import resolve
 from vlmtrain.lab import repeats, runner, store
 from vlmtrain.lab.runner import ROOT
 from vlmtrain.observe import run_summary
@@ -111,7 +112,7 @@ def shipped(run: RunConfig) -> ConfigContainer:
     published = compose([o for o in H1 if not o.startswith("model.num_layers=")]).model  # 48 layers, as on the hub
     hf = model.hf_config(published, vision_token_ids(prepare.processor_dir(run)))
     # the recipe reads GPU 0's properties (apply_flex_dispatcher_backend): a dry run presents the declared H200's
-    with offline_hub(recipes, hf), target.declared_target(run):
+    with offline_hub(recipes, hf), target.declared_target(run, resolve(run)):
         return getattr(recipes, RECIPE.rsplit(".", 1)[1])()
 
 
@@ -119,7 +120,6 @@ def recipe_config(run: RunConfig) -> ConfigContainer:
     """The recipe's ConfigContainer with CHANGES applied, before Bridge's finalization."""
     from megatron.bridge.data.sources.hf import HFDatasetSourceConfig
 
-    from vlmtrain.config.resolve import resolve
     from vlmtrain.data import prepare
 
     cfg = shipped(run)
@@ -157,7 +157,7 @@ def dry_run(run_dir: Path) -> dict[str, Any]:
 
     run = h1_run(run_dir)
     cfg = recipe_config(run)
-    target.finalize(run, cfg)
+    target.finalize(run, resolve(run), cfg)
     out = facts(cfg)
     print(f"[bridge-recipe] {RECIPE}: built and validated by Bridge for 1 x H200\n" + json.dumps(out, indent=1)
           + "\n[bridge-recipe] changed from the recipe:\n" + "\n".join(f"  {k}: {v}" for k, v in CHANGES.items()),
@@ -200,7 +200,6 @@ def rank_main(run_dir: Path) -> int:
     from megatron.bridge.models.qwen_vl.qwen3_vl_step import forward_step
     from megatron.bridge.training.pretrain import pretrain
 
-    from vlmtrain.config.resolve import resolve
     from vlmtrain.train import trainer
     from vlmtrain.train.step_counters import StepCounters
 
@@ -221,7 +220,6 @@ def run_once(i: int, machine_run: str, out: Path, results_path: Path) -> dict[st
     """Run i of this machine run in its own process and directory, its row appended (None when it failed)."""
     run_dir = out / machine_run / f"run{i}"
     run_dir.mkdir(parents=True, exist_ok=True)
-    from vlmtrain.config.resolve import resolve
     from vlmtrain.data import prepare
 
     h1 = h1_run(run_dir)

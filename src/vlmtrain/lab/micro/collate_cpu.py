@@ -46,7 +46,7 @@ def dataset(capacity: int, out: Path, items: int, overrides: list[str]) -> Any:
     res = resolve(run)
     prepare.prepare(run, res)
     cfg = container.build(run, res)
-    target.finalize(run, cfg)
+    target.finalize(run, res, cfg)
     bridge_patches.install(run)
     train, _, _ = get_dataset_provider(cfg.dataset)([items, 0, 0], cfg.dataset)
     return train

@@ -45,7 +45,7 @@ def main(args: argparse.Namespace) -> int:
     name = args.name or default_name(sp.base)
     out = args.dir or Path("outputs") / "tune" / name
     node_gpus = 0 if any("slurm" in o for o in launcher) else world.local_gpus()  # Slurm: the declared world
-    gpus = world.layout(space.placed(sp.base, node_gpus)).world_size
+    gpus = space.placed_resolved(sp.base, node_gpus)[1].layout.world_size
     if node_gpus == 0 and not launcher and not args.plan:
         print("vlmtrain tune: no GPU on this machine: add --plan for the candidate space, or run on a GPU node "
               "(or with hydra/launcher=slurm)", file=sys.stderr)

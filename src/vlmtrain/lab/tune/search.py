@@ -130,16 +130,14 @@ class Search:
     def run_stage(self, stage: Stage, parents: list[dict[str, Any]], incumbent: dict[str, Any] | None
                   ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
         """Run one stage; (its survivors' knob values, the new incumbent: {name, values, useful, mfu})."""
-        from vlmtrain.config.world import layout
-
         record: dict[str, Any] = {"name": stage.name, "vary": stage.knobs, "ran": [], "pruned": []}
         self.state["stages"].append(record)
         mfu_below = stage.gate.get("mfu_below")
         if mfu_below is not None and incumbent is not None and (incumbent.get("mfu") or 0) >= mfu_below:
             record["skipped"] = f"the incumbent's MFU {incumbent['mfu']:.1%} is not below {mfu_below:.0%}"
             return parents, incumbent
-        run = space.placed(self.spec.base, self.node_gpus)
-        lay = layout(run)
+        run, res = space.placed_resolved(self.spec.base, self.node_gpus)
+        lay = res.layout
         varied = space.stage_values(stage, run, lay.world_size, lay.gpus_per_node)
         cands = space.prune(self.spec, space.candidates(self.spec, parents, varied), self.node_gpus)
         record["pruned"] = [{"name": c.name, "findings": c.findings} for c in cands if c.pruned]
