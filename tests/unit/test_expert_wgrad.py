@@ -1,5 +1,5 @@
 """vlmtrain.train.expert_wgrad beside per-expert GEMMs on real tensors (torch's grouped GEMM runs on the CPU too; TE's
-GroupedLinear beside it on a GPU: tests/gpu/test_fastpaths_gpu.py), and what it leaves to TE's function."""
+GroupedLinear beside it on a GPU: tests/gpu/test_bridge_patches_gpu.py), and what it leaves to TE's function."""
 
 from __future__ import annotations
 

@@ -42,7 +42,7 @@ def wgrad_fusion_under_fsdp(run: RunConfig, res: Resolved) -> str | None:
     if run.kernels.wgrad_fusion and run.parallelism.kind == ParKind.fsdp:
         return ("kernels.wgrad_fusion=true with parallelism=fsdp: Megatron-FSDP writes fused weight gradients its own "
                 "way, and vlmtrain has trained with kernels.wgrad_fusion under parallelism=3d only (tests/gpu/"
-                "test_fastpaths_gpu.py). Compare its losses with kernels.wgrad_fusion=false before relying on it.")
+                "test_bridge_patches_gpu.py). Compare its losses with kernels.wgrad_fusion=false before relying on it.")
     return None
 
 
@@ -51,6 +51,7 @@ def expert_wgrad_grouped_unfused_only(run: RunConfig, res: Resolved) -> str | No
     """With fused accumulation the grouped expert wgrad missed TE's gradients on a GPU (docs/measurements.md)."""
     if run.kernels.expert_wgrad == ExpertWgrad.grouped and run.kernels.wgrad_fusion:
         return ("kernels.expert_wgrad=grouped with kernels.wgrad_fusion=true: its accumulated expert weight gradients "
-                "did not match TE's GroupedLinear on one H200 (tests/gpu/test_fastpaths_gpu.py::test_grouped_expert_"
-                "wgrad_matches_te_grouped_linear[True]). Use kernels.wgrad_fusion=false or kernels.expert_wgrad=te.")
+                "did not match TE's GroupedLinear on one H200 (tests/gpu/test_bridge_patches_gpu.py::"
+                "test_grouped_expert_wgrad_matches_te_grouped_linear[True]). Use kernels.wgrad_fusion=false or "
+                "kernels.expert_wgrad=te.")
     return None

@@ -88,6 +88,6 @@ def precision_aware_optimizer_under_fsdp(run: RunConfig, res: Resolved) -> str |
     """Megatron-FSDP shards the optimizer its own way; the precision-aware optimizer was trained under 3D only."""
     if run.precision.precision_aware_optimizer and run.parallelism.kind == ParKind.fsdp:
         return ("precision.precision_aware_optimizer=true with parallelism=fsdp: vlmtrain has trained with TE's "
-                "precision-aware FusedAdam under parallelism=3d only (tests/gpu/test_fastpaths_gpu.py). Compare its "
-                "losses with precision.precision_aware_optimizer=false before relying on it.")
+                "precision-aware FusedAdam under parallelism=3d only (tests/gpu/test_bridge_patches_gpu.py). Compare "
+                "its losses with precision.precision_aware_optimizer=false before relying on it.")
     return None

@@ -2,7 +2,7 @@
 loss mask by rendering its chat template through the processor again, twice, for token ids only; each render
 resized, normalized and patchified every image (48 % of a worker's time per H1 row, results/collate_cpu.jsonl).
 During that call the image processor computes each image's grid alone (the same smart_resize), which is all
-the token ids depend on: the same masks, no pixels (tests/unit/test_fastpaths.py compares whole rows).
+the token ids depend on: the same masks, no pixels (tests/unit/test_bridge_patches.py compares whole rows).
 """
 
 from __future__ import annotations

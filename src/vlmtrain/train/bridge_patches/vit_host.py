@@ -4,7 +4,7 @@ vit_positions: `Qwen3VLVisionModel.fast_pos_embed_interpolate` builds Python lis
 patch (~280k list items per micro-batch) and syncs once per image; `rot_pos_emb` launches ~10 tiny kernels per
 image. Here both build their index tensors on the host with tensor ops, rows already in the 2x2-merge order, and
 move them once: one embedding lookup, no per-image GPU work. Forward outputs are bit-identical
-(tests/unit/test_fastpaths.py runs Bridge's own methods beside these).
+(tests/unit/test_bridge_patches.py runs Bridge's own methods beside these).
 
 pin_visual_inputs: Bridge's DataLoader pins batches (pin_memory=True), but torch only pins tensors, containers
 and objects with a `pin_memory()` method, and Bridge's GenericVisualInputs has none. Its pixel tensors

@@ -1,4 +1,4 @@
-"""vlmtrain's W&B run on CPU, read back from its offline `.wandb` file: identity, redacted config, metric rows.
+"""vlmtrain.observe.wandb_run on CPU, read back from its offline `.wandb` file: identity, redacted config, metric rows.
 
 The run is built from the real composed config and Bridge's real ConfigContainer for the GPU case whose metrics
 are in tests/fixtures; its metric rows go through the functions metrics_callback uses (megatron_numbers, log_row),

@@ -1,5 +1,5 @@
 """vlmtrain.train.bridge_patches next to the Bridge code they replace: same outputs (CPU parts here, the TE kernel and
-pinned memory in tests/gpu/test_fastpaths_gpu.py), installed only by the kernels options that ask for them."""
+pinned memory in tests/gpu/test_bridge_patches_gpu.py), installed only by the kernels options that ask for them."""
 
 from __future__ import annotations
 

@@ -1,17 +1,12 @@
-"""data.packing=<capacity> changes no sample's training inputs, exactly, on CPU.
+"""The packed micro-batches of tests/unit/test_bins_dataset.py and test_packing_harness.py, built on CPU.
 
 Real `data=realistic` samples go through vlmtrain's run (Hydra compose, the data stage's bins, the finalized
 ConfigContainer) into the Bridge dataset the run trains on (PackedBinsDatasetConfig -> BinDataset, built by
 Bridge's dataset provider) and its collate (Bridge's Qwen collate with enable_in_batch_packing and the run's
 Resolved.pack_align), for real layouts whose pack_align is 1, 2 (TP 2 under SP), 8 (CP 4), 16 (FP8), 32 (MXFP8)
 and 128 (CP 64), dynamic and static (data.packing_static: the row padded to the capacity), and through vlm_step's
-batch handling; the MRoPE positions are Bridge's get_rope_index called as Qwen3VLModel.forward calls it. Every
-sample's slice of the packed row must equal that sample collated alone (packing off, MBS 1, as vlmtrain trains
-unpacked data). Megatron Bridge has had packed Qwen3-VL RoPE bugs (issue #1776, PR #4532), so the controls show
-that positions computed without the per-sample boundaries do differ, that whole-row positions are a pure shift per
-sample (RoPE attention, relative, cancels it while the boundaries are kept: why the GPU check's position control
-permutes positions instead), and that the GPU check's own controls (lab.checks.packing_harness.control_batch)
-break what they claim to.
+batch handling; the MRoPE positions are Bridge's get_rope_index called as Qwen3VLModel.forward calls it. Each
+packed micro-batch comes with its samples collated alone (packing off, MBS 1, as vlmtrain trains unpacked data).
 """
 
 from __future__ import annotations
@@ -26,7 +21,6 @@ import torch
 from vlmtrain.build import container, target
 from vlmtrain.check import preflight
 from vlmtrain.config.resolve import resolve
-from vlmtrain.lab.checks.packing_harness import control_batch
 
 CAPACITY = 8192
 """Tokens per packed row: holds every micro-batch below with room for a static tail; a multiple of each pack_align."""
@@ -68,10 +62,9 @@ class Data:
     dataset: Any
 
 
-@pytest.fixture(scope="module")
-def data(compose: Callable[..., Any], bridge: Any, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Data]:
-    """data(*overrides): the run's Data, built once per overrides. Its own cache dir: the shared one holds one
-    realistic dataset at a time, and this is not the default mix."""
+def data_builder(compose: Callable[..., Any], tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Data]:
+    """The test modules' `data` fixture: data(*overrides), the run's Data, built once per overrides. Its own cache
+    dir: the shared one holds one realistic dataset at a time, and this is not the default mix."""
     from megatron.bridge.data.utils import get_dataset_provider
 
     cache = tmp_path_factory.mktemp("packing_equivalence")
@@ -130,7 +123,7 @@ def _one_bin(d: Data, indices: list[int]) -> dict[str, Any]:
     return one.collate_fn([one[0]])
 
 
-def _step_batch(batch: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+def step_batch(batch: dict[str, Any]) -> tuple[dict[str, Any], Any]:
     """What vlm_step.forward_step hands Qwen3VLModel: its batch and PackedSeqParams."""
     from megatron.bridge.training import vlm_step
     from megatron.bridge.training.utils.packed_seq_utils import get_packed_seq_params
@@ -211,9 +204,8 @@ class PackedBatch:
         return self.rope(self.step["input_ids"], _grid(self.step["visual_inputs"]), packed_seq_params)
 
 
-@pytest.fixture(scope="module")
-def case(data: Callable[..., Data]) -> Callable[..., PackedBatch]:
-    """case(multiple, micro-batch name, static), collated once for the module."""
+def case_builder(data: Callable[..., Data]) -> Callable[..., PackedBatch]:
+    """The test modules' `case` fixture: case(multiple, micro-batch name, static), collated once per module."""
     alone_cache: dict[int, Alone] = {}
     cases: dict[tuple[int, str, bool], PackedBatch] = {}
 
@@ -225,7 +217,7 @@ def case(data: Callable[..., Data]) -> Callable[..., PackedBatch]:
         examples = packed_data.dataset.examples
         indices = _pick(examples, MICRO_BATCHES[name])
         batch = _one_bin(packed_data, indices)
-        step, params = _step_batch(batch)
+        step, params = step_batch(batch)
         for i in indices:
             assert alone_data.dataset[i] == examples[i]  # the unpacked run reads the same examples in the same order
             if i not in alone_cache:
@@ -235,134 +227,3 @@ def case(data: Callable[..., Data]) -> Callable[..., PackedBatch]:
         return cases[multiple, name, static]
 
     return _case
-
-
-def _cat(parts: list[torch.Tensor | None]) -> torch.Tensor | None:
-    present = [p for p in parts if p is not None]
-    return torch.cat(present) if present else None
-
-
-def _assert_samples_equal_alone(c: PackedBatch, multiple: int, name: str, static: bool) -> None:
-    """Every sample's slice of the row is the sample alone; padding (alignment, static tail) carries no loss."""
-    from megatron.bridge.data.datasets.utils import IGNORE_INDEX
-    from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.model import _is_mrope_position_ids
-
-    row = c.step["input_ids"]
-    # One [1, T] THD row whose 1-D position ids the model replaces with MRoPE computed from the packed params.
-    assert row.shape[0] == 1 and not _is_mrope_position_ids(c.step["position_ids"])
-    assert (row.shape[1] == CAPACITY) if static else (row.shape[1] < CAPACITY)
-    slices = c.slices()
-    assert len(slices) == len(c.alone) and slices[0][0] == 0 and slices[-1][2] == row.shape[1]
-    positions = c.positions(c.packed_seq_params)
-    assert positions.shape == (3, 1, row.shape[1])
-
-    for i, ((start, end, padded_end), alone) in enumerate(zip(slices, c.alone, strict=True)):
-        assert end - start == alone.input_ids.numel(), f"sample {i}: length"
-        if not (static and i == len(slices) - 1):  # a static row's last segment runs to the capacity
-            assert padded_end - start == -(-(end - start) // multiple) * multiple, f"sample {i}: not aligned"
-        assert torch.equal(row[0, start:end], alone.input_ids), f"sample {i}: input_ids"
-        assert torch.equal(c.step["labels"][0, start:end], alone.labels), f"sample {i}: labels"
-        assert torch.equal(c.step["loss_mask"][0, start:end], alone.loss_mask), f"sample {i}: loss_mask"
-        assert torch.equal(positions[:, 0, start:end], alone.positions), f"sample {i}: MRoPE positions"
-        # No label crosses into the next sample; the padding carries no loss.
-        assert c.step["labels"][0, end - 1] == IGNORE_INDEX and c.step["loss_mask"][0, end - 1] == 0
-        assert (c.step["labels"][0, end:padded_end] == IGNORE_INDEX).all(), f"sample {i}: padding labels"
-        assert (c.step["loss_mask"][0, end:padded_end] == 0).all(), f"sample {i}: padding loss_mask"
-
-    padding = sum(padded_end - end for _, end, padded_end in slices)
-    assert (padding > 0) == (multiple > 1 or static)
-    assert int(c.step["loss_mask"].sum()) == sum(int(a.loss_mask.sum()) for a in c.alone) > 0
-    assert int((c.step["labels"] != IGNORE_INDEX).sum()) == sum(int((a.labels != IGNORE_INDEX).sum()) for a in c.alone)
-
-    visual = c.step["visual_inputs"]
-    for field in ("pixel_values", "image_grid_thw"):
-        expected = _cat([getattr(a, field) for a in c.alone])
-        got = getattr(visual, field)
-        assert (got is None) == (expected is None) == (name == "text_only"), field
-        assert got is None or torch.equal(got, expected), field
-
-
-def test_collate_is_bridges_qwen_collate(data: Callable[..., Data]) -> None:
-    """The unpacked collate is the one Bridge's registry resolves for vlmtrain's processor."""
-    from megatron.bridge.data.collators.registry import resolve_model_collate
-    from megatron.bridge.models.qwen_vl.data.collate_fn import qwen2_5_collate_fn
-    from transformers import AutoProcessor
-
-    processor = AutoProcessor.from_pretrained(data(*ALONE).cfg.dataset.hf_processor_path, local_files_only=True)
-    assert resolve_model_collate(type(processor).__name__) is qwen2_5_collate_fn
-
-
-@pytest.mark.parametrize("name", sorted(MICRO_BATCHES))
-@pytest.mark.parametrize("multiple", sorted(PACKED))
-def test_packed_sample_equals_sample_alone(case: Callable[..., PackedBatch], multiple: int, name: str) -> None:
-    _assert_samples_equal_alone(case(multiple, name), multiple, name, static=False)
-
-
-def _real_tokens(c: PackedBatch) -> torch.Tensor:
-    """[T] bool: the row's tokens that belong to a sample (not alignment or static padding)."""
-    real = torch.zeros(c.step["input_ids"].shape[1], dtype=torch.bool)
-    for start, end, _ in c.slices():
-        real[start:end] = True
-    return real
-
-
-@pytest.mark.parametrize("name", sorted(MICRO_BATCHES))
-@pytest.mark.parametrize("multiple", STATIC)
-def test_static_row_pads_one_tail_and_keeps_every_sample(case: Callable[..., PackedBatch], multiple: int,
-                                                          name: str) -> None:
-    """data.packing_static=true: the row is the capacity; each sample's slice and positions are the dynamic row's
-    (and so the sample alone's); the only addition is one span at the end, no labels and no loss."""
-    from megatron.bridge.data.datasets.utils import IGNORE_INDEX
-
-    c, dyn = case(multiple, name, static=True), case(multiple, name)
-    _assert_samples_equal_alone(c, multiple, name, static=True)
-    n = dyn.step["input_ids"].shape[1]
-    assert c.slices()[:-1] == dyn.slices()[:-1] and c.slices()[-1][:2] == dyn.slices()[-1][:2]
-    for key in ("input_ids", "labels", "loss_mask"):
-        assert torch.equal(c.step[key][:, :n], dyn.step[key]), key
-    tail = slice(n, CAPACITY)
-    assert (c.step["input_ids"][0, tail] == 0).all() and (c.step["labels"][0, tail] == IGNORE_INDEX).all()
-    assert (c.step["loss_mask"][0, tail] == 0).all()
-    # The real tokens are the dynamic row's; all else is its alignment padding plus exactly [n, capacity).
-    real, dyn_real = _real_tokens(c), _real_tokens(dyn)
-    assert torch.equal(real[:n], dyn_real) and not real[n:].any()
-    positions, dyn_positions = c.positions(c.packed_seq_params), dyn.positions(dyn.packed_seq_params)
-    assert torch.equal(positions[:, 0, real], dyn_positions[:, 0, dyn_real])
-
-
-@pytest.mark.parametrize("name", sorted(MICRO_BATCHES))
-@pytest.mark.parametrize("multiple", sorted(PACKED))
-def test_positions_without_sample_boundaries_differ(case: Callable[..., PackedBatch], multiple: int, name: str) -> None:
-    """Negative controls. Whole-row positions (get_rope_index without cu_seqlens, the GPU check's
-    `whole_row_positions`) shift every position of a later sample by one constant, so they differ from the second
-    sample on by a pure shift; the GPU check's `positions` control permutes each sample's positions (differs for
-    every sample, same set); its `boundaries` control runs the row as one sequence, cu_seqlens [0, T], whose
-    positions match the first sample only."""
-    c = case(multiple, name)
-    total = c.batch["input_ids"].shape[1]
-    slices = c.slices()
-
-    whole_row = control_batch(c.batch, "whole_row_positions", c.rope)["position_ids"]
-    assert torch.equal(whole_row, c.positions(None))
-    for i, ((start, end, _), alone) in enumerate(zip(slices, c.alone, strict=True)):
-        shift = whole_row[:, 0, start:end] - alone.positions
-        assert (shift == shift[0, 0]).all(), f"sample {i}: whole-row positions are not a pure shift"
-        assert (int(shift[0, 0]) == 0) == (i == 0), f"sample {i}: shift {int(shift[0, 0])}"
-
-    permuted = control_batch(c.batch, "positions", c.rope)
-    for key in ("cu_seqlens_q", "cu_seqlens_kv"):
-        assert torch.equal(permuted[key], c.batch[key]), f"positions control: {key} kept"
-    for i, ((start, end, _), alone) in enumerate(zip(slices, c.alone, strict=True)):
-        got = permuted["position_ids"][:, 0, start:end]
-        assert not torch.equal(got, alone.positions), f"positions control: sample {i} unchanged"
-        assert sorted(map(tuple, got.T.tolist())) == sorted(map(tuple, alone.positions.T.tolist())), \
-            f"positions control: sample {i} is not a permutation of its positions"
-
-    broken = control_batch(c.batch, "boundaries", c.rope)
-    assert broken["cu_seqlens_q"].tolist() == broken["cu_seqlens_kv"].tolist() == [0, total]
-    assert "cu_seqlens_q_padded" not in broken and int(broken["max_seqlen_q"]) == total
-    assert torch.equal(broken["position_ids"], c.positions(c.packed_seq_params))  # per-sample positions kept
-    _, one_sequence = _step_batch(broken)
-    for i, ((start, end, _), alone) in enumerate(zip(slices, c.alone, strict=True)):
-        same = torch.equal(c.positions(one_sequence)[:, 0, start:end], alone.positions)
-        assert same == (i == 0), f"cu_seqlens [0, T]: sample {i}"

@@ -1,6 +1,7 @@
 """Issue 9 benchmarks on CPU: every case of the declarative spec conf/tune/perf_h200x2.yaml expands and passes
 preflight as train.py would compose it, rows are assembled from real GPU run files, and the report is produced from
-the results file alone (the overhead measurement: test_overhead.py)."""
+the results file alone (the overhead measurement: test_overhead.py). Named for vlmtrain.lab.sweep; it also tests
+lab.spec, lab.cases, lab.store and lab.sweep_report on that spec."""
 
 from __future__ import annotations
 

@@ -3,7 +3,8 @@ names, `vlmtrain sweep --repeats` runs each case until the machine run has N run
 per-tower MFU is derived from real run files, vs_bridge_recipe pairs summaries of one machine run, the matmul ceiling
 reads the model's shapes. The GPU runs are the only test double: a trial copies a real recorded 1 x H200 run dir of the
 30B-A3B shapes at 4 decoder layers (tests/fixtures/precision_h200, from vlmtrain.lab.checks.precision_parity) into its
-run dir."""
+run dir. Named for vlmtrain.lab.repeats; it also tests lab.sweep_report and lab.micro.ceiling on the perf_h200
+spec."""
 
 from __future__ import annotations
 

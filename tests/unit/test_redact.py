@@ -9,6 +9,9 @@ HUGGING_FACE_HUB_TOKEN) and in `+bridge.logger.*` overrides, the real CPU paths 
   checkpointing.save_checkpoint does) and its setup log (`log_non_default_values`) on the real ConfigContainer,
   with and without vlmtrain's redaction installed;
 - the W&B offline run files (the real wandb library).
+
+Named for vlmtrain.config.redact, the redaction all of these rely on (its override_dirname and redact_overrides
+are also tested directly); the writers it runs are train.py, vlmtrain.launch.local, Bridge and observe.wandb_run.
 """
 
 from __future__ import annotations

@@ -1,0 +1,82 @@
+"""vlmtrain.lab.tune.space on the default tune spec, on CPU: its stages follow the guidance, and on one H200 (the
+H1 tune of docs/benchmarks.md) the batch stage prunes by the memory estimate and the hand-found preset passes
+preflight."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vlmtrain.config.resolve import resolve
+from vlmtrain.lab import spec
+from vlmtrain.lab.tune import space
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_default_spec_follows_the_guidance() -> None:
+    """On the base's layout (FSDP) packing capacity (MBS 1) then MBS unpacked, then FSDP's layouts and data
+    parallelism alone, the loader's workers, kernels, recompute x graphs together, dispatcher, precision, 3D last and
+    gated on headroom; layouts that divide, ETP only at TP."""
+    s = spec.load("default")
+    assert [st.name for st in s.stages] == ["batch", "layout", "input", "kernels", "recompute_graphs",
+                                            "dispatcher", "precision", "3d"]
+    assert s.stages[2].grids == [{"data.num_workers": [2, 4, 8]}]
+    assert s.stages[1].grids == [{"layout": ["fsdp", "dp"]}] and s.stages[-1].grids == [{"layout": "3d"}]
+    packed, unpacked = s.stages[0].grids
+    assert packed["train.micro_batch_size"] == 1 and all(isinstance(c, int) for c in packed["data.packing"])
+    assert unpacked["data.packing"] is False and len(unpacked["train.micro_batch_size"]) > 4
+    assert s.stages[-1].gate and s.stages[0].ladder == ("data.packing", "train.micro_batch_size")
+    assert s.stages[4].knobs == ["recompute", "cuda_graph"] and s.get("packed_rows")["tokens_per_sample"] > 0
+    assert space.layouts("fsdp", 8, 8, 128, 48) == ["fsdp-ep1", "fsdp-ep2", "fsdp-ep4", "fsdp-ep8"]
+    three_d = space.layouts("3d", 8, 8, 128, 48)
+    assert "3d-tp2-pp2-vpp2-ep2-etp2" in three_d and "3d-tp2-ep4" in three_d and "3d-pp8-ep2" not in three_d
+    assert all(spec.layout_overrides(n)[0] == "parallelism=3d" for n in three_d)
+    assert space.layouts("3d", 1, 1, 128, 4) == ["3d-ep1"] == space.layouts("dp", 8, 8, 128, 48)
+    with pytest.raises(spec.SpecError, match="write <fsdp"):
+        spec.layout_overrides("3d-xp2")
+
+
+H1 = ["model=qwen3_vl_30b_a3b", "model.num_layers=4", "hardware=h200", "data=realistic", "train.seq_length=4096",
+      "gpus_per_node=1", "train.global_batch_size=48", "vision=trainable", "precision=bf16"]
+
+
+def test_h1_batch_stage_prunes_by_the_capacity() -> None:
+    """On one H200 (the H1 tune of docs/benchmarks.md) the default batch stage keeps the capacities the memory
+    estimate fits, each at MBS 1 with the base's 48 samples as rows, and prunes the rest before anything runs."""
+    s = spec.load("default")
+    s.base = [*s.base, *H1]
+    space.fill_defaults(s, 1)
+    assert s.defaults["layout"] == "fsdp-ep1" and s.defaults["data.num_workers"] == 2
+    run = space.placed(s.base, 1)
+    batch = s.stages[0]
+    cands = space.prune(s, space.candidates(s, [s.defaults],
+                                            space.stage_values(batch, run, 1, 1)), 1)
+    live = {c.values["data.packing"]: c.overrides for c in cands if not c.pruned and c.values["data.packing"]}
+    assert {cap: [o for o in ov if o.startswith("train.global")] for cap, ov in live.items()} == {
+        4096: ["train.global_batch_size=12"], 8192: ["train.global_batch_size=6"],
+        12288: ["train.global_batch_size=4"]}
+    refused = {c.name: c.findings[0] for c in cands if c.pruned}
+    assert len(refused) == len(cands) - len(live) - 2  # unpacked MBS 1 and 2 fit
+    assert all(why.startswith("[error] memory_fits") for why in refused.values())
+    assert {c.values["data.packing"] for c in cands if c.pruned} == {16384, 24576, 32768, False}
+
+
+def test_h1_hand_found_preset_passes_preflight_on_one_h200() -> None:
+    """The --versus configuration of the H1 command in docs/benchmarks.md: composes, one GPU, 4 layers, packing
+    by token budget at MBS 1 with the rows the tune gives a candidate of its capacity (equal work per step), and
+    preflight has no error without preflight.ignore."""
+    from vlmtrain.check import preflight
+    from vlmtrain.config import world
+
+    readme = (ROOT / "docs" / "benchmarks.md").read_text().split("## vlmtrain tune on one H200")[1]
+    versus = readme.split('--versus "')[1].split('"')[0].split()
+    assert not any(o.startswith("preflight.") for o in versus)
+    run = space.placed(versus, 1)
+    assert world.layout(run).world_size == 1 and run.model.num_layers == 4 and run.train.micro_batch_size == 1
+    assert run.data.packing and not run.preflight.ignore
+    s = spec.load("default")
+    rows = space.packed_rows(s, [*H1, f"data.packing={run.data.packing}", "train.micro_batch_size=1"], 1)
+    assert rows == [f"train.global_batch_size={run.train.global_batch_size}"]
+    assert preflight.errors(preflight.check(run, resolve(run))) == []
