@@ -75,7 +75,7 @@ def data_builder(compose: Callable[..., Any], tmp_path_factory: pytest.TempPathF
             run = compose(*RUN, f"data.cache_dir={cache}", *overrides, output_dir=str(cache / "run"))
             assert not preflight.errors(preflight.check(run, resolve(run)))
             cfg = container.build(run, resolve(run))
-            target.finalize(run, cfg)  # Bridge's own validation, as the run does
+            target.finalize(run, resolve(run), cfg)  # Bridge's own validation, as the run does
             train, _, _ = get_dataset_provider(cfg.dataset)([run.data.payload.num_samples, 0, 0], cfg.dataset)
             built[overrides] = Data(run, cfg, train)
         return built[overrides]

@@ -38,7 +38,7 @@ def test_fp8_container_keeps_vision_and_router_out_of_fp8(compose, bridge):
     run = compose("model=qwen3_vl_30b_a3b", "precision=fp8", "precision.bf16_layers_at_start=0",
                   "precision.bf16_layers_at_end=2")
     cfg = container.build(run, resolve(run))
-    target.finalize(run, cfg)
+    target.finalize(run, resolve(run), cfg)
     mp = cfg.mixed_precision
     assert (mp.fp8, mp.fp8_recipe, mp.num_layers_at_start_in_bf16, mp.num_layers_at_end_in_bf16) == (
         "hybrid", "tensorwise", 0, 2)
@@ -52,7 +52,7 @@ def test_fp8_container_keeps_vision_and_router_out_of_fp8(compose, bridge):
 def test_dry_run_validates_mxfp8_on_blackwell_with_bridge(compose, bridge, hardware):
     run = compose(f"hardware={hardware}", "precision=mxfp8")
     cfg = container.build(run, resolve(run))
-    target.finalize(run, cfg)  # Bridge's runtime_config_update, as on the declared target
+    target.finalize(run, resolve(run), cfg)  # Bridge's runtime_config_update, as on the declared target
     assert cfg.model.fp8_recipe == "mxfp8"
     assert cfg.ddp.reuse_grad_buf_for_mxfp8_param_ag is False  # Bridge turns it off under Megatron-FSDP
 

@@ -217,7 +217,7 @@ def test_resolved_matches_the_finalized_container(compose, bridge, overrides, tm
     res = resolve(run)
     assert not preflight.errors(preflight.check(run, res))
     cfg = container.build(run, res)
-    target.finalize(run, cfg)
+    target.finalize(run, resolve(run), cfg)
     lay, m = res.layout, cfg.model
     assert (lay.tp, lay.pp, lay.vpp, lay.cp, lay.ep, lay.etp) == (
         m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.virtual_pipeline_model_parallel_size,
