@@ -40,8 +40,13 @@ def _cache_lock(run: RunConfig) -> Iterator[None]:
 
 
 def processor_dir(run: RunConfig) -> Path:
-    """The offline Qwen3-VL processor (real Qwen3 tokenizer), built once into the cache."""
+    """`model.hf_path` when that dir holds its tokenizer and processor, else the offline Qwen3-VL processor (real
+    Qwen3 tokenizer), built once into the cache."""
+    from vlmtrain.config import hf_checkpoint
     from vlmtrain.data.processor import build_processor
+
+    if run.model.hf_path and hf_checkpoint.has_processor(run.model.hf_path):
+        return Path(run.model.hf_path)
 
     with _cache_lock(run):
         return build_processor(cache_dir(run) / "processor-qwen3vl")

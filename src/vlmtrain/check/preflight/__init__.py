@@ -13,6 +13,7 @@ from __future__ import annotations
 
 # isort: off
 # each module registers its rules on import; this order is the order of the findings
+from vlmtrain.check.preflight import hf_checkpoint  # noqa: F401
 from vlmtrain.check.preflight import dispatcher  # noqa: F401
 from vlmtrain.check.preflight import kernels  # noqa: F401
 from vlmtrain.check.preflight import parallelism  # noqa: F401

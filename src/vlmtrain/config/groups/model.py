@@ -6,6 +6,13 @@
 | qwen3_vl_30b_a3b   | 48 x 2048, 32 heads / 4 KV, head 128      | 128, top-8  | 27 x 1152, deepstack 8/16/24 |
 | qwen3_vl_235b_a22b | 94 x 4096, 64 heads / 4 KV, head 128      | 128, top-8  | 27 x 1152, deepstack 8/16/24 |
 | qwen35_vl_35b_a3b  | 40 x 2048, GDN 3:1 attention, 16 / 2 KV    | 256, top-8 +shared | 27 x 1152, no deepstack |
+| tiny_qwen35        | 4 x 256, GDN 3:1 attention, 4 / 2 KV      | 8, top-2 +shared | 2 x 128, no deepstack     |
+
+`model.hf_path=<dir>` starts from a local Hugging Face checkpoint (config.hf_checkpoint): the provider is built from
+the dir's config.json, its weights load through Bridge's `checkpoint.pretrained_checkpoint` (after the DDP/FSDP
+wrap, so on every layout, FSDP's meta-device init included), the tokenizer and processor come from the dir when it
+has them (else vlmtrain's offline processor), HF_HUB_OFFLINE=1 is exported, and preflight refuses a model group
+field that differs from the dir's config.json (pick the matching model option and override num_layers etc.).
 
 `model.num_layers=N` reduces decoder depth for benchmarking while keeping every layer's shape (Qwen3-VL needs
 N >= its deepstack layers, or fewer `model.vit.deepstack_indexes`: preflight says so). The HF config goes through
@@ -46,6 +53,7 @@ OWNS = frozenset(
     {
         "model.seq_length",
         "model.apply_rope_fusion",
+        "checkpoint.pretrained_checkpoint",
     }
 )
 
@@ -93,6 +101,8 @@ class ModelConfig:
     vit: VitConfig = field(default_factory=VitConfig)
     linear_attention: LinearAttentionConfig | None = None
     """Qwen3.5 only."""
+    hf_path: str | None = None
+    """A local Hugging Face checkpoint dir to start from (its config must match these fields; preflight checks)."""
 
 
 def hf_config(m: ModelConfig, ids: Mapping[str, int]) -> Any:
@@ -167,12 +177,20 @@ def hf_config(m: ModelConfig, ids: Mapping[str, int]) -> Any:
 
 
 def build_provider(run: RunConfig, token_ids: Mapping[str, int]) -> Any:
-    """Megatron Bridge's model provider for the architecture (AutoBridge.from_hf_config, no weights)."""
+    """Megatron Bridge's model provider for the architecture (AutoBridge.from_hf_config, no weights: a
+    `model.hf_path` checkpoint's weights load after the wrap, see apply)."""
     from megatron.bridge import AutoBridge
 
-    provider = AutoBridge.from_hf_config(hf_config(run.model, token_ids)).to_megatron_provider(load_weights=False)
+    if run.model.hf_path:
+        from vlmtrain.config import hf_checkpoint
+
+        hf = hf_checkpoint.hf_config(run.model.hf_path)
+        mrope = list(hf.text_config.rope_parameters["mrope_section"])
+    else:
+        hf, mrope = hf_config(run.model, token_ids), list(run.model.mrope_section)
+    provider = AutoBridge.from_hf_config(hf).to_megatron_provider(load_weights=False)
     if run.model.family == Family.qwen35_vl:
-        provider.mrope_section = list(run.model.mrope_section)  # its bridge reads only rope_scaling
+        provider.mrope_section = mrope  # its bridge reads only rope_scaling
         require_gdn_backward()
     return provider
 
@@ -197,14 +215,16 @@ def require_gdn_backward() -> None:
 
 
 def env(run: RunConfig) -> dict[str, str]:
-    """Qwen3.5 only: where the JIT-compiled Gated-DeltaNet kernels are cached (persistent, under data.cache_dir)
-    and, on SM90, FLA's TileLang backend (see the module docstring); hardware.runtime_env exports these."""
+    """HF_HUB_OFFLINE=1 with `model.hf_path` (the dir is the only source); Qwen3.5 only: where the JIT-compiled
+    Gated-DeltaNet kernels are cached (persistent, under data.cache_dir) and, on SM90, FLA's TileLang backend (see
+    the module docstring); hardware.runtime_env exports these."""
+    out = {"HF_HUB_OFFLINE": "1"} if run.model.hf_path else {}
     if run.model.family != Family.qwen35_vl:
-        return {}
+        return out
     from vlmtrain.config.groups.data import cache_dir
 
     kernels = cache_dir(run) / "kernels"
-    out = {
+    out |= {
         "TILELANG_CACHE_DIR": str(kernels / "tilelang"),
         "TRITON_CACHE_DIR": str(kernels / "triton"),
         "TRITON_CACHE_AUTOTUNING": "1",  # FLA autotunes its Triton kernels; keep the choices with the kernels
@@ -219,3 +239,5 @@ def apply(run: RunConfig, res: Resolved, cfg: ConfigContainer) -> None:
     cfg.model.seq_length = res.seq_length  # a packed run's row: CUDA graphs and pipeline buffers are capacity x 1
     # mRoPE has no fused kernel in Bridge (runtime assert; ../shared/notes/STACK.md): kernels.rope replaces its path
     cfg.model.apply_rope_fusion = False
+    if run.model.hf_path:  # Bridge loads an HF dir after the DDP/FSDP wrap; a checkpoint.load resume wins over it
+        cfg.checkpoint.pretrained_checkpoint = run.model.hf_path

@@ -1,0 +1,64 @@
+"""Small Hugging Face checkpoints of both model families, built locally with transformers' own model classes (random
+init, fixed seed, nothing downloaded): the input `model.hf_path` tests and the export round trip read.
+
+    python -m vlmtrain.lab.checks.tiny_hf qwen3_vl OUT [--num-layers N]
+
+The config is the model group's own HF config of conf/model/tiny.yaml (qwen3_vl) or conf/model/tiny_qwen35.yaml
+(qwen35_vl), so its keys and nesting are the published checkpoints'; the processor is vlmtrain's offline one, so
+the token ids match what the data is processed with.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from vlmtrain.config.groups.model import Family, ModelConfig, hf_config
+
+OPTIONS = {Family.qwen3_vl: "tiny", Family.qwen35_vl: "tiny_qwen35"}
+"""The conf/model option each family's tiny checkpoint takes its shapes from."""
+SEED = 0
+
+
+def model_config(family: str, num_layers: int) -> ModelConfig:
+    """The conf/model option of `family` as the model group composes it, with `num_layers` decoder layers."""
+    from omegaconf import OmegaConf
+
+    from vlmtrain.lab.runner import ROOT
+
+    option = OPTIONS[Family(family)]
+    schema = OmegaConf.structured(ModelConfig)
+    yaml = OmegaConf.load(ROOT / "conf" / "model" / f"{option}.yaml")
+    merged = OmegaConf.merge(schema, yaml, {"num_layers": num_layers})
+    return OmegaConf.to_object(merged)
+
+
+def build(family: str, out: Path, num_layers: int = 4) -> Path:
+    """Write a random-init checkpoint of `family` (qwen3_vl or qwen35_vl) with `num_layers` decoder layers into `out`
+    (config.json, model.safetensors, tokenizer and processor files); returns `out`."""
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    from vlmtrain.data.processor import build_processor, vision_token_ids
+
+    out = Path(out)
+    build_processor(out)  # first: it moves a finished folder into place
+    cfg = hf_config(model_config(family, num_layers), vision_token_ids(out))
+    cfg.dtype = torch.bfloat16
+    torch.manual_seed(SEED)
+    model = AutoModelForImageTextToText.from_config(cfg, dtype=torch.bfloat16)
+    model.save_pretrained(str(out))
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("family", choices=[f.value for f in Family])
+    p.add_argument("out", type=Path)
+    p.add_argument("--num-layers", type=int, default=4)
+    a = p.parse_args()
+    print(build(a.family, a.out, a.num_layers))
+
+
+if __name__ == "__main__":
+    main()
