@@ -145,7 +145,8 @@ def parser() -> argparse.ArgumentParser:
     chk.set_defaults(func=_data_check)
     hfx = sub.add_parser("export", help="a run's checkpoint as a Hugging Face checkpoint (from_pretrained loads it)",
                          description="Convert a run's saved checkpoint (torch_dist) into a Hugging Face checkpoint "
-                         "with Megatron Bridge's exporter, on CPU: config, safetensors and processor in OUT.")
+                         "with Megatron Bridge's exporter (weights on CPU; Transformer Engine needs a CUDA device): "
+                         "config, safetensors and processor in OUT.")
     hfx.add_argument("run_dir", type=Path, help="the run dir (holds run_config.yaml)")
     hfx.add_argument("--iteration", type=int, help="a saved iteration (default: the latest checkpointed)")
     hfx.add_argument("--out", required=True, type=Path, help="an empty or new folder")

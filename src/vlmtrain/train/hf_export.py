@@ -7,8 +7,9 @@ is read from the iteration's files, as Bridge's loader detects it: metadata.json
 fsdp_dtensor (PyTorch DCP).
 
 The conversion is Megatron Bridge's own: `AutoBridge.export_ckpt` builds the model from the checkpoint's saved
-provider on CPU (gloo), loads its weights, and `save_hf_pretrained` writes config.json and the safetensors through
-the same parameter mapping that imports HF weights. The HF config and processor come from the run: its
+provider with CPU-initialized weights in a gloo group (Transformer Engine's layers still need a CUDA device to be
+built: export runs on a GPU machine), loads its weights, and `save_hf_pretrained` writes config.json and the
+safetensors through the same parameter mapping that imports HF weights. The HF config and processor come from the run: its
 `model.hf_path` dir when set, else the model group's `hf_config` of the architecture and vlmtrain's offline processor.
 """
 
@@ -103,7 +104,7 @@ def export(src: Source, out: Path, say=print) -> Path:
     import torch  # noqa: F401  (before transformer_engine, which Bridge imports)
     from megatron.bridge import AutoBridge
 
-    hf_path = getattr(run.model, "hf_path", None)
+    hf_path = run.model.hf_path
     if hf_path:
         say(f"HF config and processor from model.hf_path={hf_path}")
         bridge, source = AutoBridge.from_hf_pretrained(hf_path), hf_path
