@@ -9,8 +9,8 @@ fsdp_dtensor (PyTorch DCP).
 The conversion is Megatron Bridge's own: `AutoBridge.export_ckpt` builds the model from the checkpoint's saved
 provider with CPU-initialized weights in a gloo group (Transformer Engine's layers still need a CUDA device to be
 built: export runs on a GPU machine), loads its weights, and `save_hf_pretrained` writes config.json and the
-safetensors through the same parameter mapping that imports HF weights. The HF config and processor come from the run:
-its `model.hf_path` dir when set, else the model group's `hf_config` of the architecture and vlmtrain's offline processor.
+safetensors through the same parameter mapping that imports HF weights. The HF config and processor come from
+the run: its `model.hf_path` dir when set, else the model group's `hf_config` and vlmtrain's offline processor.
 """
 
 from __future__ import annotations
