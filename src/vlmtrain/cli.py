@@ -102,6 +102,13 @@ def _tune(args: argparse.Namespace) -> int:
         return 2
 
 
+def _export(args: argparse.Namespace) -> int:
+    """A run's checkpoint as a Hugging Face checkpoint; imported lazily like report."""
+    from vlmtrain.train import hf_export
+
+    return hf_export.main(args.run_dir, args.iteration, args.out)
+
+
 def parser() -> argparse.ArgumentParser:
     """One sub-parser per command, so later commands add a function and three lines here."""
     ap = argparse.ArgumentParser(prog="vlmtrain", description=__doc__)
@@ -136,6 +143,14 @@ def parser() -> argparse.ArgumentParser:
                               "status 1 when there is a bad sample.")
     chk.add_argument("overrides", nargs="*", help="train.py overrides (data=..., data.path=..., train.seq_length=...)")
     chk.set_defaults(func=_data_check)
+    hfx = sub.add_parser("export", help="a run's checkpoint as a Hugging Face checkpoint (from_pretrained loads it)",
+                         description="Convert a run's saved checkpoint (torch_dist) into a Hugging Face checkpoint "
+                         "with Megatron Bridge's exporter (weights on CPU; Transformer Engine needs a CUDA device): "
+                         "config, safetensors and processor in OUT.")
+    hfx.add_argument("run_dir", type=Path, help="the run dir (holds run_config.yaml)")
+    hfx.add_argument("--iteration", type=int, help="a saved iteration (default: the latest checkpointed)")
+    hfx.add_argument("--out", required=True, type=Path, help="an empty or new folder")
+    hfx.set_defaults(func=_export)
     from vlmtrain.lab import overhead_ab, sweep  # argparse definitions only: no torch, no Bridge
     from vlmtrain.lab.tune import command  # argparse definitions only: no torch, no Bridge
 

@@ -38,10 +38,10 @@ i % 8): every bin many times, in the sampler's order, which the data-position ch
 
 
 def overrides(parallelism: str, ckpt: Path, packed: bool = False, iterations: int = 12,
-              save_interval: int = 4) -> list[str]:
+              save_interval: int = 4, model: list[str] = TINY) -> list[str]:
     return [
         *([f"data.packing={PACKING}", "train.micro_batch_size=1"] if packed else []),
-        *TINY,
+        *model,
         f"parallelism={parallelism}",
         f"train.iterations={iterations}",
         f"train.save_interval={save_interval}",
@@ -56,6 +56,19 @@ def overrides(parallelism: str, ckpt: Path, packed: bool = False, iterations: in
 def launch(args: list[str], run_dir: Path, gpu: int) -> runner.Run:
     """The run on GPU `gpu` in run_dir (vlmtrain.lab.runner: a port of its own, its own process group)."""
     return runner.start(args, run_dir, gpus=[gpu])
+
+
+def kill_after(run: runner.Run, ckpt: Path, run_dir: Path, logged: int, timeout_s: float = 400) -> int:
+    """SIGKILL the run's whole tree once it has a checkpoint in `ckpt` and has logged step `logged` (or ended, or
+    timeout_s passed); the last step it logged."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline and run.poll() is None:
+        if tracker(ckpt) is not None and max(losses(run_dir), default=-1) >= logged:
+            break
+        time.sleep(0.5)
+    killed_at = max(losses(run_dir), default=-1)
+    run.kill()
+    return killed_at
 
 
 def losses(run_dir: Path) -> dict[int, float]:
@@ -111,14 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     out = a.out / tag
     run_a = launch(overrides(a.parallelism, out / "ckpt_a", a.packed), out / "a", a.gpu)
     b_args = overrides(a.parallelism, out / "ckpt_b", a.packed)
-    run_b = launch(b_args, out / "b_killed", a.gpu)
-    deadline = time.time() + 400
-    while time.time() < deadline and run_b.poll() is None:
-        if tracker(out / "ckpt_b") is not None and max(losses(out / "b_killed"), default=-1) >= 5:
-            break
-        time.sleep(0.5)
-    killed_at = max(losses(out / "b_killed"), default=-1)
-    run_b.kill()
+    killed_at = kill_after(launch(b_args, out / "b_killed", a.gpu), out / "ckpt_b", out / "b_killed", 5)
     resumed_from = tracker(out / "ckpt_b")
     rc_b = launch(b_args, out / "b_resumed", a.gpu).wait()
     rc_a = run_a.wait()

@@ -1,0 +1,130 @@
+"""Logits of one real-image prompt through transformers and through vlmtrain's Megatron model, compared: the parity
+checks of vlmtrain.lab.checks.verification, each in a process of its own (one GPU, a single-rank NCCL group).
+
+    python -m vlmtrain.lab.checks.hf_parity --reference HF_DIR --model-option tiny --out parity.json
+        [--megatron ITER_DIR]
+
+The transformers side is `--reference` loaded with `from_pretrained`. The Megatron side is built by the model
+group's own `build_provider` (`model.hf_path=HF_DIR`, so the same provider a run with that override trains) with the
+HF weights loaded through Bridge's mapping, or, with `--megatron`, loaded from a run's checkpoint iteration by
+Bridge's `load_megatron_model` (the model the run trained). The prompt: two of vlmtrain's shipped photos and a
+question, through the checkpoint's own processor and chat template.
+
+Tolerance. Both sides run in BF16, the dtype of the checkpoints and of training, so the comparison is of the model
+a user runs and not of an fp32 variant neither side trains in. The two implementations differ in kernels (TE fused
+attention and grouped expert GEMMs vs transformers' SDPA and per-expert loops) and in reduction order, so each op
+carries its own BF16 rounding (unit roundoff 2^-8) through 4 decoder and 2 ViT layers, and a token whose router
+scores are near a tie may take another expert on one side; both move single logits by a few percent of the logit
+range while the whole-sequence cosine stays above 0.99. A wrong weight mapping (a transposed or swapped projection,
+a misplaced expert, a missing deepstack merger) decorrelates the logits: cosine near 0. Passing therefore needs
+cosine >= COSINE_MIN and max |difference| <= MAX_ABS_REL x max |reference logit|.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+COSINE_MIN = 0.99
+MAX_ABS_REL = 0.1
+PHOTOS = 2
+PROMPT = "Describe both pictures in one sentence each."
+
+
+def inputs(hf_dir: Path) -> dict[str, Any]:
+    """Token ids, pixel values and image grids of the prompt, as the checkpoint's processor makes them."""
+    from transformers import AutoProcessor
+
+    from vlmtrain.data.photos import PHOTOS as SHIPPED
+    from vlmtrain.data.photos import load_photo
+
+    processor = AutoProcessor.from_pretrained(str(hf_dir), local_files_only=True)
+    images = [load_photo(p) for p in SHIPPED[:PHOTOS]]
+    content = [{"type": "image", "image": im} for im in images] + [{"type": "text", "text": PROMPT}]
+    return dict(processor.apply_chat_template([{"role": "user", "content": content}], tokenize=True,
+                                              add_generation_prompt=True, return_dict=True, return_tensors="pt"))
+
+
+def transformers_logits(hf_dir: Path, batch: dict[str, Any]) -> Any:
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    model = AutoModelForImageTextToText.from_pretrained(str(hf_dir), dtype=torch.bfloat16, local_files_only=True)
+    model = model.cuda().eval()
+    with torch.no_grad():
+        out = model(**{k: v.cuda() for k, v in batch.items()})
+    del model
+    return out.logits[0].float().cpu()
+
+
+def megatron_model(hf_dir: Path, model_option: str, megatron: Path | None) -> Any:
+    """vlmtrain's model: from the HF dir through the model group's provider, or from a run's checkpoint."""
+    import torch
+    from megatron.bridge import AutoBridge
+
+    bridge = AutoBridge.from_hf_pretrained(str(hf_dir), dtype=torch.bfloat16)
+    if megatron is not None:
+        return bridge.load_megatron_model(str(megatron), wrap_with_ddp=False)[0]
+    from vlmtrain.config.compose import compose
+    from vlmtrain.config.groups.model import build_provider
+    from vlmtrain.data.processor import vision_token_ids
+
+    layers = json.loads((hf_dir / "config.json").read_text())["text_config"]["num_hidden_layers"]
+    run = compose([f"model={model_option}", f"model.num_layers={layers}", f"model.hf_path={hf_dir}"])
+    provider = build_provider(run, vision_token_ids(hf_dir))
+    provider.params_dtype, provider.bf16 = torch.bfloat16, True
+    provider.finalize()
+    model = provider.provide_distributed_model(wrap_with_ddp=False)
+    bridge.load_hf_weights(model)
+    return model[0]
+
+
+def vlmtrain_logits(hf_dir: Path, model_option: str, megatron: Path | None, batch: dict[str, Any]) -> Any:
+    import torch
+    from megatron.bridge.training.model_load_save import temporary_distributed_context
+
+    with temporary_distributed_context(backend="nccl"):
+        model = megatron_model(hf_dir, model_option, megatron).cuda().eval()
+        with torch.no_grad():
+            logits = model(input_ids=batch["input_ids"].cuda(), position_ids=None, attention_mask=None,
+                           pixel_values=batch["pixel_values"].cuda().bfloat16(),
+                           image_grid_thw=batch["image_grid_thw"].cuda())
+        out = logits[0].float().cpu()
+        del model
+    return out
+
+
+def compare(ref: Any, got: Any) -> dict[str, Any]:
+    """cosine and max |difference| of two [tokens, vocab] logit tensors, the top-1 agreement, and the verdict."""
+    import torch
+
+    a, b = ref.double().flatten(), got.double().flatten()
+    cosine = float(torch.nn.functional.cosine_similarity(a, b, dim=0))
+    max_abs = float((a - b).abs().max())
+    ref_max = float(a.abs().max())
+    top1 = float((ref.argmax(-1) == got.argmax(-1)).double().mean())
+    return {"cosine": cosine, "max_abs_diff": max_abs, "reference_max_abs": ref_max, "top1_agreement": top1,
+            "tokens": int(ref.shape[0]), "cosine_min": COSINE_MIN, "max_abs_rel": MAX_ABS_REL,
+            "passed": cosine >= COSINE_MIN and max_abs <= MAX_ABS_REL * ref_max}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--reference", type=Path, required=True, help="the HF dir transformers loads")
+    ap.add_argument("--hf", type=Path, help="the HF dir the Megatron side is built from (default: --reference)")
+    ap.add_argument("--model-option", required=True, help="the conf/model option of the checkpoint (tiny, ...)")
+    ap.add_argument("--megatron", type=Path, help="a run's iter_XXXXXXX dir: the trained model instead")
+    ap.add_argument("--out", type=Path, required=True)
+    a = ap.parse_args(argv)
+    hf = a.hf or a.reference
+    batch = inputs(a.reference)
+    metrics = compare(transformers_logits(a.reference, batch), vlmtrain_logits(hf, a.model_option, a.megatron, batch))
+    a.out.write_text(json.dumps(metrics))
+    print(json.dumps(metrics), flush=True)
+    return 0 if metrics["passed"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

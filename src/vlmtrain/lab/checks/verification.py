@@ -1,0 +1,189 @@
+"""Issue 47's verification on one GPU, per model family: a Hugging Face checkpoint in, training, a Hugging Face
+checkpoint out, each step checked against transformers. One row per check appended to `--results`.
+
+    python -m vlmtrain.lab.checks.verification --results results/verification.jsonl [--families qwen3_vl qwen35_vl]
+
+Per family (qwen3_vl: Qwen3-VL-MoE; qwen35_vl: Qwen3.5-MoE), in `--work`/<family>:
+
+1. `tiny_hf.build`: a random-init checkpoint of the real config layout, saved with transformers' save_pretrained.
+2. parity_import: logits of a real-photo prompt, transformers vs vlmtrain's model imported from it
+   (vlmtrain.lab.checks.hf_parity, whose docstring justifies the tolerance).
+3. resume: run A trains STEPS steps uninterrupted (`model.hf_path=<dir>`, `vision=frozen`, parallelism=3d:
+   torch_dist checkpoints every SAVE_INTERVAL steps); run B, the same command on its own checkpoint dir, is killed
+   once it has checkpointed and logged step KILL_AFTER, then relaunched (vlmtrain.lab.checks.resume's pattern);
+   its losses from the checkpoint on must match A's within resume.TOLERANCE.
+4. export: `vlmtrain export <run A dir> --out <dir>`, the real command.
+5. reload: the export through transformers' from_pretrained, every weight found and none left over.
+6. frozen: the exported ViT weights (vision=frozen: every `model.visual.*` but the mergers) bit-identical to the
+   input checkpoint's, and at least one language-model weight changed by training (the control).
+7. parity_trained: logits of the exported model in transformers vs run A's trained model loaded from its checkpoint.
+
+Every row's metrics carry `cosine` and `max_abs_diff` (logits for the parity rows, weights for frozen, the loss
+curves for resume; null for export and reload, which compare nothing numeric) and `passed`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from vlmtrain.config.groups.model import Family
+from vlmtrain.lab import runner, store
+from vlmtrain.lab.checks import resume, tiny_hf
+from vlmtrain.lab.runner import ROOT
+
+LAYERS = 4
+STEPS = 8
+SAVE_INTERVAL = 4
+KILL_AFTER = 5
+"""B is killed once it has logged step 5 (0-based) with step 4's checkpoint written: it resumes from 4."""
+FAMILIES = ("qwen3_vl", "qwen35_vl")
+TIMEOUT_S = 600
+
+
+def frozen(name: str) -> bool:
+    """vision=frozen freezes the ViT and trains its mergers (conf/vision/frozen.yaml)."""
+    return name.startswith("model.visual.") and "merger" not in name
+
+
+def tensors(hf_dir: Path) -> dict[str, Any]:
+    """Every tensor of an HF checkpoint dir, sharded or not."""
+    from safetensors.torch import load_file
+
+    out: dict[str, Any] = {}
+    for f in sorted(Path(hf_dir).glob("*.safetensors")):
+        out.update(load_file(str(f)))
+    return out
+
+
+def weight_check(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """Frozen tensors bit-identical, and at least one language-model tensor changed (the training was real)."""
+    import torch
+
+    names = sorted(n for n in before if frozen(n))
+    missing = [n for n in names if n not in after]
+    shared = [n for n in names if n in after]
+    differ = [n for n in shared if not torch.equal(before[n], after[n])]
+    a = torch.cat([before[n].double().flatten() for n in shared]) if shared else torch.zeros(1)
+    b = torch.cat([after[n].double().flatten() for n in shared]) if shared else torch.zeros(1)
+    lm = [n for n in before if n.startswith("model.language_model.") and n in after]
+    changed = sum(not torch.equal(before[n], after[n]) for n in lm)
+    return {"cosine": float(torch.nn.functional.cosine_similarity(a, b, dim=0)),
+            "max_abs_diff": float((a - b).abs().max()), "frozen_tensors": len(names), "frozen_differ": differ,
+            "frozen_missing": missing, "language_tensors_changed": changed,
+            "passed": bool(shared) and not differ and not missing and changed > 0}
+
+
+def loss_check(ref: dict[int, float], got: dict[int, float], checkpoint_step: int | None) -> dict[str, Any]:
+    """The resumed run's losses against the uninterrupted run's over the steps both logged."""
+    import torch
+
+    shared = [s for s in sorted(got) if s in ref]
+    a = torch.tensor([ref[s] for s in shared] or [0.0], dtype=torch.float64)
+    b = torch.tensor([got[s] for s in shared] or [1.0], dtype=torch.float64)
+    diff = resume.max_loss_diff(ref, got)
+    return {"cosine": float(torch.nn.functional.cosine_similarity(a, b, dim=0)), "max_abs_diff": diff,
+            "tolerance": resume.TOLERANCE, "checkpoint_step": checkpoint_step,
+            "first_step_after_resume": min(got, default=None), "steps_compared": len(shared),
+            "passed": checkpoint_step is not None and bool(shared) and diff <= resume.TOLERANCE}
+
+
+def python(args: list[str], log: Path, gpu: int) -> int:
+    """A `python -m ...` step in a process of its own (its own CUDA context and process group), logged to `log`."""
+    import os
+
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)}
+    with log.open("wb") as out:
+        return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, env=env, stdout=out,
+                              stderr=subprocess.STDOUT, timeout=TIMEOUT_S).returncode
+
+
+def parity(work: Path, name: str, reference: Path, option: str, gpu: int, hf: Path | None = None,
+           megatron: Path | None = None) -> tuple[dict[str, Any], str]:
+    args = ["vlmtrain.lab.checks.hf_parity", "--reference", str(reference), "--model-option", option,
+            "--out", str(work / f"{name}.json")]
+    args += ["--hf", str(hf)] if hf else []
+    args += ["--megatron", str(megatron)] if megatron else []
+    rc = python(args, work / f"{name}.log", gpu)
+    result = work / f"{name}.json"
+    metrics = json.loads(result.read_text()) if result.is_file() else {"cosine": None, "max_abs_diff": None,
+                                                                        "passed": False}
+    return {**metrics, "rc": rc}, "python -m " + " ".join(args)
+
+
+def reload(export: Path) -> dict[str, Any]:
+    """from_pretrained of the export on CPU: every weight of the model class found in the files, none left over."""
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    model, info = AutoModelForImageTextToText.from_pretrained(str(export), dtype=torch.bfloat16,
+                                                              local_files_only=True, output_loading_info=True)
+    missing, unexpected = sorted(info["missing_keys"]), sorted(info["unexpected_keys"])
+    return {"cosine": None, "max_abs_diff": None, "class": type(model).__name__, "missing_keys": missing,
+            "unexpected_keys": unexpected, "passed": not missing and not unexpected}
+
+
+def family_checks(family: str, work: Path, gpu: int, emit) -> None:
+    """The seven steps of the module docstring for one family; `emit(check, command, metrics)` writes a row."""
+    shutil.rmtree(work, ignore_errors=True)  # a left-over checkpoint dir would make run A resume
+    work.mkdir(parents=True)
+    option = tiny_hf.OPTIONS[Family(family)]
+    hf = tiny_hf.build(family, work / "hf", num_layers=LAYERS)
+    model = [f"model={option}", f"model.num_layers={LAYERS}", f"model.hf_path={hf}", "vision=frozen"]
+    emit("parity_import", *parity(work, "parity_import", hf, option, gpu))
+
+    a_args = resume.overrides("3d", work / "ckpt_a", iterations=STEPS, save_interval=SAVE_INTERVAL, model=model)
+    b_args = resume.overrides("3d", work / "ckpt_b", iterations=STEPS, save_interval=SAVE_INTERVAL, model=model)
+    run_a = resume.launch(a_args, work / "a", gpu)
+    killed_at = resume.kill_after(resume.launch(b_args, work / "b_killed", gpu), work / "ckpt_b",
+                                  work / "b_killed", KILL_AFTER)
+    resumed_from = resume.tracker(work / "ckpt_b")
+    rc_b = resume.launch(b_args, work / "b_resumed", gpu).wait()
+    rc_a = run_a.wait()
+    checked = loss_check(resume.losses(work / "a"), resume.losses(work / "b_resumed"), resumed_from)
+    emit("resume", runner.recorded(b_args), {**checked, "killed_after_step": killed_at, "rc_uninterrupted": rc_a,
+                                             "rc_resumed": rc_b, "passed": checked["passed"] and rc_a == rc_b == 0})
+
+    export = work / "export"
+    args = ["vlmtrain.cli", "export", str(work / "a"), "--out", str(export)]
+    rc = python(args, work / "export.log", gpu)
+    files = sorted(p.name for p in export.iterdir()) if export.is_dir() else []
+    emit("export", "python -m " + " ".join(args), {"cosine": None, "max_abs_diff": None, "rc": rc, "files": files,
+                                                   "passed": rc == 0 and "config.json" in files})
+    if rc != 0:
+        return
+    emit("reload", f"AutoModelForImageTextToText.from_pretrained({export})", reload(export))
+    emit("frozen", f"safetensors of {hf} vs {export}", weight_check(tensors(hf), tensors(export)))
+    last = work / "ckpt_a" / f"iter_{STEPS:07d}"
+    emit("parity_trained", *parity(work, "parity_trained", export, option, gpu, hf=hf, megatron=last))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--results", type=Path, default=ROOT / "results" / "verification.jsonl")
+    ap.add_argument("--work", type=Path, default=ROOT / "outputs" / "verification")
+    ap.add_argument("--families", nargs="+", choices=FAMILIES, default=list(FAMILIES))
+    ap.add_argument("--gpu", type=int, default=0)
+    a = ap.parse_args(argv)
+    driver = f"python -m vlmtrain.lab.checks.verification --families {' '.join(a.families)} --gpu {a.gpu}"
+    verdicts: list[bool] = []
+
+    for family in a.families:
+        def emit(check: str, command: str, metrics: dict[str, Any], family: str = family) -> None:
+            row = store.append(a.results, f"verify_{family}_{check}", command, metrics, passed=bool(metrics["passed"]),
+                               runner=driver)
+            verdicts.append(row["passed"])
+            print(json.dumps({"name": row["name"], "passed": row["passed"], "cosine": metrics.get("cosine"),
+                              "max_abs_diff": metrics.get("max_abs_diff")}), flush=True)
+
+        family_checks(family, a.work / family, a.gpu, emit)
+    return 0 if verdicts and all(verdicts) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
