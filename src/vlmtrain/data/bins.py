@@ -70,18 +70,25 @@ def sample_length(example: dict[str, Any], processor: Any) -> int:
     return len(ids) + sum(image_tokens) - len(image_tokens)
 
 
+def refuse_longer(lengths: list[int], limit: int, names: list[str] | None, setting: str, fixes: str) -> None:
+    """Raise SampleTooLong naming the first sample longer than `limit`, its length, what sets the limit and the
+    fixes (`{n}` in `fixes` is that sample's length): packing's capacity and the unpadded row's seq_length."""
+    over = [i for i, n in enumerate(lengths) if n > limit]
+    if over:
+        i, n = over[0], lengths[over[0]]
+        more = f" ({len(over)} of {len(lengths)} samples are longer than {limit})" if len(over) > 1 else ""
+        name = names[i] if names else f"sample {i}"
+        raise SampleTooLong(f"{name} is {n} tokens long but {setting}{more}. " + fixes.format(n=n))
+
+
 def greedy_bins(lengths: list[int], capacity: int, names: list[str] | None = None, align: int = 1) -> list[list[int]]:
     """Sample indices per bin: in data order, a sample goes into the current bin while its segment (its length
     padded to a multiple of `align`, as the collate pads it) fits, else opens the next one. Raises SampleTooLong
     (naming the first such sample) before any bin is returned."""
-    for i, n in enumerate(lengths):
-        if n > capacity:
-            name = names[i] if names else f"sample {i}"
-            raise SampleTooLong(
-                f"{name} is {n} tokens long but data.packing={capacity} tokens per micro-batch row: packing never "
-                f"splits or drops a sample. Raise data.packing to at least {n}, or leave such samples out of the "
-                "data (shorter answers or fewer/smaller images; train.seq_length bounds samples only without "
-                "packing).")
+    refuse_longer(lengths, capacity, names, f"data.packing={capacity} tokens per micro-batch row: packing never "
+                  "splits or drops a sample", "Raise data.packing to at least {n}, or leave such samples out of the "
+                  "data (shorter answers or fewer/smaller images; train.seq_length bounds samples only without "
+                  "packing).")
     bins: list[list[int]] = []
     used = capacity + 1
     for i, n in enumerate(lengths):
@@ -129,8 +136,8 @@ class Bins:
         return cls(int(raw["capacity"]), raw["bins"], raw["lengths"], str(path))
 
 
-def _lengths(cache: Path, identity: dict[str, Any], source: dict[str, Any],
-             processor_dir: str) -> tuple[list[int], list[str]]:
+def sample_lengths(cache: Path, identity: dict[str, Any], source: dict[str, Any],
+                   processor_dir: str) -> tuple[list[int], list[str]]:
     """Every sample's length and name ("id x"), cached by what determines them (the source, the files the scan
     read, the processor)."""
     key = hashlib.sha256(json.dumps({**identity, "v": LENGTHS_VERSION}, sort_keys=True).encode()).hexdigest()[:16]
@@ -155,7 +162,7 @@ def _lengths(cache: Path, identity: dict[str, Any], source: dict[str, Any],
 def prepare_bins(cache: Path, identity: dict[str, Any], source: dict[str, Any], processor_dir: str,
                  capacity: int, dataset: str, align: int = 1) -> Bins:
     """The bins of the examples Bridge reads from `source` (lengths cached in `cache`), saved for the ranks."""
-    lengths, names = _lengths(cache, identity, source, processor_dir)
+    lengths, names = sample_lengths(cache, identity, source, processor_dir)
     bins = Bins(capacity, greedy_bins(lengths, capacity, [f"{dataset}: {n}" for n in names], align), lengths)
     key = hashlib.sha256(json.dumps({**identity, "capacity": capacity, "align": align, "v": LENGTHS_VERSION},
                                     sort_keys=True).encode()).hexdigest()[:16]

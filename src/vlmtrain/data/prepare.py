@@ -4,7 +4,8 @@ source Bridge reads (the checked copy, or the dataset without its bad samples), 
 Runs on CPU before any GPU work (vlmtrain.data.scan decodes each image): a bad sample fails the run naming the
 dataset, the sample, the file and the reason, or with `data.skip_bad_images=true` is left out and counted. With
 `data.packing=<capacity>` it also bins the samples Bridge will read (vlmtrain.data.bins): a sample longer than the
-capacity fails here.
+capacity fails here; without packing a sample longer than train.seq_length fails here the same way, unless
+`data.truncate_long_samples=true` (then counted).
 """
 
 from __future__ import annotations
@@ -142,31 +143,67 @@ def prepare(run: RunConfig, res: Resolved) -> Prepared:
                 src = _hf_source(run)
                 prepared = Prepared(report, hf.without_bad(str(d.kind), src, report, cache_dir(run))
                                     if report.bad else src)
-    if res.packing_capacity and report is not None and prepared.hf_source is not None:
-        prepared.bins = _bins(run, res, report, prepared.hf_source)  # atomic cache writes: no lock needed
-    _record(run, report, prepared.bins)
+    truncated = None
+    if report is not None and prepared.hf_source is not None:  # atomic cache writes: no lock needed
+        if res.packing_capacity:
+            prepared.bins = _bins(run, res, report, prepared.hf_source)
+        else:
+            truncated = _fit(run, report, prepared.hf_source)
+    _record(run, report, prepared.bins, truncated)
     return prepared
 
 
-def _bins(run: RunConfig, res: Resolved, report: Report, source: dict[str, Any]) -> Bins:
-    """The bins at the packing capacity of the samples Bridge reads from `source`, each sample's segment aligned
-    to res.pack_align; lengths are cached by the source, the files the scan read (size, mtime) and the processor."""
-    from vlmtrain.data import bins, processor
+def _length_identity(report: Report, source: dict[str, Any]) -> dict[str, Any]:
+    """What the samples' lengths depend on: the source, the files the scan read and the checked copy Bridge reads
+    (size, mtime), and the processor."""
+    from vlmtrain.data import processor
 
-    proc = processor_dir(run)
     stamps = dict(report.files)
     for files in source.get("load_kwargs", {}).get("data_files", {}).values():  # the checked copy Bridge reads
         for path in [files] if isinstance(files, str) else files:  # a split's files: one path or a list (data=hf)
             st = Path(path).stat()
             stamps[str(path)] = [st.st_size, st.st_mtime_ns]
-    identity = {"source": source, "files": stamps, "processor": processor.PROCESSOR_VERSION}
+    return {"source": source, "files": stamps, "processor": processor.PROCESSOR_VERSION}
+
+
+def _bins(run: RunConfig, res: Resolved, report: Report, source: dict[str, Any]) -> Bins:
+    """The bins at the packing capacity of the samples Bridge reads from `source`, each sample's segment aligned
+    to res.pack_align; lengths are cached by the source, the files the scan read (size, mtime) and the processor."""
+    from vlmtrain.data import bins
+
+    proc = processor_dir(run)
+    identity = _length_identity(report, source)
     out = bins.prepare_bins(cache_dir(run), identity, source, str(proc), res.packing_capacity, report.dataset,
                             res.pack_align)
     print(f"[vlmtrain] data.packing={out.capacity}: {out.summary()}", flush=True)
     return out
 
 
-def _record(run: RunConfig, report: Report | None, packed: Bins | None = None) -> None:
+def _fit(run: RunConfig, report: Report, source: dict[str, Any]) -> dict[str, int] | None:
+    """Without packing a sample is one row of train.seq_length tokens, and Bridge silently cuts a longer one: refuse
+    it naming it (packing's message, vlmtrain.data.bins.refuse_longer), or with data.truncate_long_samples=true
+    count the samples and tokens cut ({"samples", "tokens"}; None when not opted in)."""
+    from vlmtrain.data import bins
+
+    seq = run.train.seq_length
+    lengths, names = bins.sample_lengths(cache_dir(run), _length_identity(report, source), source,
+                                         str(processor_dir(run)))
+    if not run.data.truncate_long_samples:
+        bins.refuse_longer(lengths, seq, [f"{report.dataset}: {n}" for n in names],
+                           f"train.seq_length={seq} with data.packing=false (one sample per row)",
+                           "Raise train.seq_length to at least {n}, pack (data.packing=<capacity> of at least {n}), "
+                           "or set data.truncate_long_samples=true to train on each such sample's first "
+                           "train.seq_length tokens (counted in data_scan.json, metrics and the report).")
+        return None
+    cut = [n - seq for n in lengths if n > seq]
+    if cut:
+        print(f"[vlmtrain] data.truncate_long_samples=true: {len(cut)} of {len(lengths)} samples are longer than "
+              f"train.seq_length={seq}; {sum(cut)} tokens cut", flush=True)
+    return {"samples": len(cut), "tokens": sum(cut)}
+
+
+def _record(run: RunConfig, report: Report | None, packed: Bins | None = None,
+            truncated: dict[str, int] | None = None) -> None:
     out = Path(run.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     summary: dict[str, Any] = {"kind": str(run.data.kind), "skipped_samples": 0}
@@ -176,6 +213,8 @@ def _record(run: RunConfig, report: Report | None, packed: Bins | None = None) -
     if packed is not None:
         summary["packing"] = {"capacity": packed.capacity, "bins": len(packed.bins), "fill": packed.fill,
                               "bin_tokens_min": min(packed.bin_tokens()), "bin_tokens_max": max(packed.bin_tokens())}
+    if truncated is not None:
+        summary.update(truncated_samples=truncated["samples"], truncated_tokens=truncated["tokens"])
     tmp = out / f".{SCAN_FILE}.{os.getpid()}"
     tmp.write_text(json.dumps(summary, indent=1) + "\n")
     tmp.replace(out / SCAN_FILE)
@@ -183,7 +222,12 @@ def _record(run: RunConfig, report: Report | None, packed: Bins | None = None) -
 
 def skipped_samples(run: RunConfig) -> int:
     """Samples the data scan dropped for this run (data.skip_bad_images), from the run directory."""
+    return scan_count(run, "skipped_samples")
+
+
+def scan_count(run: RunConfig, key: str) -> int:
+    """One count of this run's data_scan.json (skipped_samples, truncated_samples); 0 when absent."""
     try:
-        return int(json.loads((Path(run.output_dir) / SCAN_FILE).read_text())["skipped_samples"])
+        return int(json.loads((Path(run.output_dir) / SCAN_FILE).read_text())[key])
     except (OSError, ValueError, KeyError):
         return 0

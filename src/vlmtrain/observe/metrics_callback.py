@@ -125,6 +125,8 @@ class MetricsCallback(Callback):
         self.state = context.state
         self.train_start = time.time()
         self.skipped_samples = prepare.skipped_samples(self.run)  # bad samples the build's data scan dropped
+        self.truncated = ({"truncated_samples": prepare.scan_count(self.run, "truncated_samples")}
+                          if self.run.data.truncate_long_samples else {})  # opt-in only: default rows unchanged
         self.report = after_build.after_model_build(self.run, self.resolved, context)
         self.frozen_before = after_build.frozen_checksums(context.model)
         self.max_graphed = 0
@@ -243,7 +245,7 @@ class MetricsCallback(Callback):
         """Counters, vlmtrain FLOPs and throughput, losses and grad norm of this step."""
         row: dict[str, Any] = {"step": context.state.train_state.step, "step_s": step_s, "peak_mem_gib": peak_gib,
                                "data_kind": str(self.run.data.kind), "skipped_samples": self.skipped_samples,
-                               "skipped_steps": self.skipped_steps}
+                               "skipped_steps": self.skipped_steps, **self.truncated}
         row.update({k: int(v) for k, v in zip(COUNTERS, vals[: len(COUNTERS)], strict=True)})
         fl = flops.Flops(*vals[len(COUNTERS):])
         row.update(step_rates(self.run, row, fl, step_s, self.resolved.layout.world_size))

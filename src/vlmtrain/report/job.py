@@ -19,7 +19,8 @@ TIME_KEYS = ("time_vision_s", "time_projector_s", "time_decoder_s", "time_optimi
 """observe.timing's per-component seconds of a step (rank 0); `other` = step_s minus the named ones."""
 FLOP_KEYS = ("flops_vit", "flops_projector", "flops_decoder")
 COMPONENTS = ("ViT", "projector", "decoder", "optimizer", "data", "other")
-SUMMARY_KEYS = (*HEADLINE_KEYS, *TIME_KEYS, *FLOP_KEYS, "vlmtrain_host_s", "skipped_samples")
+SUMMARY_KEYS = (*HEADLINE_KEYS, *TIME_KEYS, *FLOP_KEYS, "vlmtrain_host_s", "skipped_samples",
+                "truncated_samples")
 
 SECTIONS = {
     "main": "Ranking: trainable vision, real data",

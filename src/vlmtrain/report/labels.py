@@ -100,9 +100,11 @@ def split_text(job: Job, kind: str) -> str:
 
 def flags(job: Job) -> str:
     skipped = int(job.metrics.get("skipped_samples") or 0)  # bad samples the data scan dropped
+    cut = int(job.metrics.get("truncated_samples") or 0)  # data.truncate_long_samples: samples cut to seq_length
     waiting = data_bound(job.metrics.get("time_data_s"), job.metrics.get("step_s"))
     workers = job.knob("data.num_workers")
     return ", ".join(f for f, on in (("frozen-vision", job.frozen), ("mock-data", job.mock),
                                      (f"{skipped} bad samples skipped", skipped),
+                                     (f"{cut} long samples truncated", cut),
                                      (f"data-bound: {waiting or 0:.0%} of the step waits on the loader "
                                       f"(data.num_workers={workers})", waiting)) if on)

@@ -135,6 +135,9 @@ class DataConfig:
     prompt: str = "Describe this image."
     skip_bad_images: bool = False
     """Drop samples whose images are missing or unreadable (counted: skipped_samples) instead of failing."""
+    truncate_long_samples: bool = False
+    """Without packing: train a sample longer than train.seq_length on its first seq_length tokens (counted:
+    truncated_samples) instead of refusing the run before GPU work."""
     payload: PayloadConfig = field(default_factory=PayloadConfig)
     mock_num_images: int = 1
     mock_image_size: list[int] = field(default_factory=lambda: [256, 256])
