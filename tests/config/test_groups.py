@@ -205,6 +205,15 @@ TABLE: list[tuple[list[str], dict[str, object]]] = [
             "env_vars.FLA_TILELANG": "1",
         },
     ),
+    (
+        # kernels.cache_dir moves every compiled-kernel cache (a cluster's shared filesystem); data's cache stays
+        ["model=qwen35_vl_35b_a3b", "kernels.cache_dir=/shared/vlmtrain-kernels"],
+        {
+            "env_vars.TILELANG_CACHE_DIR": "/shared/vlmtrain-kernels/tilelang",
+            "env_vars.TRITON_CACHE_DIR": "/shared/vlmtrain-kernels/triton",
+            "env_vars.TORCHINDUCTOR_CACHE_DIR": "/shared/vlmtrain-kernels/inductor",
+        },
+    ),
     (["data=mock"], {"dataset.num_images": 1, "dataset.image_size": (256, 256)}),
     (["data=sample"], {"dataset.source.path_or_dataset": "json", "dataset.hf_processor_path": "<processor>"}),
     (["data=realistic", "data.payload.num_samples=8"], {"dataset.source.path_or_dataset": "json"}),

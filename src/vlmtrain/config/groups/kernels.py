@@ -26,12 +26,16 @@ is faster at that dim (vlmtrain.lab.micro.vit_attention measures each). No optio
 model and the card, and TE keeps the padded tensors (the memory estimate counts them); `experiment=perf_h200_best`
 does. `wgrad_fusion` (wgrad) is in that preset too, measured only together with its other changes
 (docs/measurements.md), hence not in `fast`; `expert_wgrad` (expert) likewise.
+`cache_dir` is where JIT-compiled kernels (Qwen3.5's FLA: Triton, TileLang, TorchInductor) are kept between runs
+(null: `data.cache_dir`/kernels); a cluster points it at a shared filesystem (docs/running.md). It writes no Bridge
+field: the model group's `env()` exports the cache env vars from `cache_root(run)`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -99,6 +103,18 @@ class KernelsConfig:
     """The MoE experts' BF16 weight gradients: te (TE's GroupedLinear: a cuBLAS GEMM per expert, since their token
     counts are ragged) or grouped (torch's grouped GEMM over the ragged tokens, a few kernels per linear; the BF16
     result added to the FP32 main grads, as without wgrad_fusion)."""
+    cache_dir: str | None = None
+    """Where JIT-compiled kernels are cached between runs (Triton, TileLang, TorchInductor dirs below it); null:
+    data.cache_dir/kernels. On a cluster, a shared filesystem path lets every node reuse one compile."""
+
+
+def cache_root(run: RunConfig) -> Path:
+    """The compiled-kernel cache root: kernels.cache_dir, else data.cache_dir/kernels."""
+    if run.kernels.cache_dir:
+        return Path(run.kernels.cache_dir).expanduser()
+    from vlmtrain.config.groups.data import cache_dir
+
+    return cache_dir(run) / "kernels"
 
 
 def env(run: RunConfig) -> dict[str, str]:

@@ -22,9 +22,9 @@ would build for the published model.
 Qwen3.5's Gated-DeltaNet layers run flash-linear-attention (FLA) kernels that are compiled on first use: Triton
 (autotuned), TileLang through nvcc (FLA's gated chunk backward on Hopper, where Triton < 3.7.1 computes it wrongly)
 and torch.compile'd Megatron helpers. Step 1 of a fresh run spent 214-217 s there on the H200
-(results/gpu_acceptance.jsonl), so `env()` puts every one of those caches under `data.cache_dir`/kernels, where
-later runs find them, and pins FLA's TileLang backend on SM90 (FLA_TILELANG=1; FLA also picks it there by default
-once tilelang and nvcc are present).
+(results/gpu_acceptance.jsonl), so `env()` puts every one of those caches under `kernels.cache_dir` (default
+`data.cache_dir`/kernels), where later runs find them, and pins FLA's TileLang backend on SM90 (FLA_TILELANG=1; FLA
+also picks it there by default once tilelang and nvcc are present).
 """
 
 from __future__ import annotations
@@ -216,14 +216,14 @@ def require_gdn_backward() -> None:
 
 def env(run: RunConfig) -> dict[str, str]:
     """HF_HUB_OFFLINE=1 with `model.hf_path` (the dir is the only source); Qwen3.5 only: where the JIT-compiled
-    Gated-DeltaNet kernels are cached (persistent, under data.cache_dir) and, on SM90, FLA's TileLang backend (see
-    the module docstring); hardware.runtime_env exports these."""
+    Gated-DeltaNet kernels are cached (persistent, kernels.cache_root) and, on SM90, FLA's TileLang backend (see the
+    module docstring); hardware.runtime_env exports these."""
     out = {"HF_HUB_OFFLINE": "1"} if run.model.hf_path else {}
     if run.model.family != Family.qwen35_vl:
         return out
-    from vlmtrain.config.groups.data import cache_dir
+    from vlmtrain.config.groups.kernels import cache_root
 
-    kernels = cache_dir(run) / "kernels"
+    kernels = cache_root(run)
     out |= {
         "TILELANG_CACHE_DIR": str(kernels / "tilelang"),
         "TRITON_CACHE_DIR": str(kernels / "triton"),
