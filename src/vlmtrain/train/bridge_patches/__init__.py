@@ -39,10 +39,11 @@ if TYPE_CHECKING:
     from vlmtrain.config.schema import RunConfig
 
 __all__ = ["INSTALL", "SAME_BATCHES", "TEWgradAccumulation", "_te_rope", "grid_only", "install", "install_always",
-           "install_expert_wgrad", "install_mask_grid_only", "install_pin_visual_inputs", "install_quiet_step_time", "install_redaction",
-           "install_rope_te", "install_sample_ids", "install_vit_attention_pad", "install_vit_host_grid",
-           "install_vit_positions", "install_vit_quantized", "install_wgrad_fusion", "installed", "pad_head_dim",
-           "packed_seq_params", "padded_heads", "pin_memory", "pos_embed_interpolate", "rot_pos_emb", "uninstall"]
+           "install_expert_wgrad", "install_mask_grid_only", "install_pin_visual_inputs", "install_quiet_step_time",
+           "install_redaction", "install_rope_te", "install_sample_ids", "install_vit_attention_pad",
+           "install_vit_host_grid", "install_vit_positions", "install_vit_quantized", "install_wgrad_fusion",
+           "installed", "pad_head_dim", "packed_seq_params", "padded_heads", "pin_memory", "pos_embed_interpolate",
+           "rot_pos_emb", "uninstall"]
 
 
 def install_always() -> None:
