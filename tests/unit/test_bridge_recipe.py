@@ -1,6 +1,6 @@
-"""The issue-23 peer's dry run on CPU: Megatron Bridge's own Qwen3-VL-30B-A3B SFT recipe, built by Bridge's recipe
-function and validated by Bridge's runtime_config_update for one H200, keeps the recipe's fields and changes only
-those listed (vlmtrain.lab.bridge_recipe.CHANGES)."""
+"""The peers' dry run on CPU: Megatron Bridge's own Qwen3-VL-30B-A3B SFT recipe (H1; H2's Qwen3.5-VL-35B-A3B recipe
+in test_bridge_recipe_h2.py), built by Bridge's recipe function and validated by Bridge's runtime_config_update for
+one H200, keeps the recipe's fields and changes only those listed (vlmtrain.lab.bridge_benchmarks)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 
 from vlmtrain.config.resolve import resolve
 from vlmtrain.lab import bridge_recipe
+from vlmtrain.lab.bridge_benchmarks import H1, LAYERS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -18,8 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Any]:
     out = tmp_path_factory.mktemp("bridge-recipe")
-    shipped = bridge_recipe.shipped(bridge_recipe.h1_run(out / "shipped"))
-    return bridge_recipe.dry_run(out / "dry-run"), shipped  # what `bridge_recipe_h1.py --dry-run` runs
+    shipped = bridge_recipe.shipped(H1, bridge_recipe.bench_run(H1, out / "shipped"))
+    return bridge_recipe.dry_run(H1, out / "dry-run"), shipped  # what `--benchmark h1 --dry-run` runs
 
 
 def test_recipe_fields_kept(built: tuple[dict[str, Any], Any]) -> None:
@@ -37,20 +38,21 @@ def test_recipe_fields_kept(built: tuple[dict[str, Any], Any]) -> None:
 def test_only_listed_fields_changed(built: tuple[dict[str, Any], Any]) -> None:
     facts, shipped = built
     assert (shipped.model.expert_model_parallel_size, shipped.model.num_layers) == (8, 48)
-    assert (facts["expert_model_parallel_size"], facts["num_layers"]) == (1, bridge_recipe.LAYERS) == (1, 4)
+    assert (facts["expert_model_parallel_size"], facts["num_layers"]) == (1, LAYERS) == (1, 4)
     assert shipped.dataset.source.dataset_name == "cord_v2" and facts["source"] == "json"
     assert str(facts["data_files"]["train"]).endswith(".jsonl")  # vlmtrain's checked data=realistic copy
     assert shipped.checkpoint.save and facts["checkpoint_save"] is None
     assert facts["train_iters"] == bridge_recipe.ITERATIONS and shipped.train.train_iters == 50
     for field in ("model.expert_model_parallel_size", "model.num_layers", "train.train_iters", "dataset.source",
                   "checkpoint.save/load", "model.gradient_accumulation_fusion"):
-        assert field in bridge_recipe.CHANGES
+        assert field in H1.all_changes()
 
 
 def test_one_torchrun_process_per_run() -> None:
-    cmd = bridge_recipe.command(Path("outputs/x/run0"), 29511)
+    cmd = bridge_recipe.command(H1, Path("outputs/x/run0"), 29511)
     assert cmd[1:4] == ["-m", "torch.distributed.run", "--nproc-per-node=1"]
-    assert cmd[-6:] == ["--master-port", "29511", "-m", bridge_recipe.MODULE, bridge_recipe.RANK_FLAG, "outputs/x/run0"]
+    assert cmd[-8:] == ["--master-port", "29511", "-m", bridge_recipe.MODULE, bridge_recipe.BENCH_FLAG, "h1",
+                        bridge_recipe.RANK_FLAG, "outputs/x/run0"]
 
 
 def test_the_peer_counts_bridge_s_own_micro_batches(tmp_path: Path) -> None:
@@ -64,8 +66,8 @@ def test_the_peer_counts_bridge_s_own_micro_batches(tmp_path: Path) -> None:
     from vlmtrain.observe import flops
     from vlmtrain.train.step_counters import StepCounters
 
-    run = bridge_recipe.h1_run(tmp_path / "run")
-    cfg = bridge_recipe.recipe_config(run)
+    run = bridge_recipe.bench_run(H1, tmp_path / "run")
+    cfg = bridge_recipe.recipe_config(H1, run)
     target.finalize(run, resolve(run), cfg)
     train, valid, test = direct_hf_sft_train_valid_test_datasets_provider([4, 0, 0], cfg.dataset)
     assert valid is None and test is None

@@ -65,7 +65,7 @@ def base_container(provider: Any) -> ConfigContainer:
         ),
         ddp=DistributedDataParallelConfig(grad_reduce_in_fp32=True),  # NaN checks: the train group
         dataset=None,  # type: ignore[arg-type]  # the data group sets it
-        logger=LoggerConfig(log_interval=1, log_throughput=True, timing_log_level=1),
+        logger=LoggerConfig(log_interval=1, log_throughput=False, timing_log_level=1),
         tokenizer=TokenizerConfig(tokenizer_type="NullTokenizer", vocab_size=provider.vocab_size),
         checkpoint=CheckpointConfig(fully_parallel_save=True),
         dist=DistributedInitConfig(),

@@ -1,9 +1,8 @@
-"""The issue-23 peer: Megatron Bridge's own full-training recipe for Qwen3-VL-30B-A3B
-(`megatron.bridge.recipes.qwen_vl.h100.qwen3_vl.qwen3_vl_30b_a3b_sft_8gpu_h100_bf16_config`: every tower trainable,
-MBS 2, GBS 32, alltoall, in-batch packing deferred to its step), run through Bridge's own pretrain() and the recipe's
-own forward step (`qwen3_vl_step`, the step that does that deferred packing): what a Bridge user runs without
-vlmtrain, changed only where one GPU, benchmark H1 and this offline machine force it. Every change is in CHANGES and
-in each row's `changes`.
+"""The peer of benchmarks H1 (issue 23) and H2 (issue 48): Megatron Bridge's own full-training recipe for the
+benchmark's model (vlmtrain.lab.bridge_benchmarks: the recipe, vlmtrain's description, the changes), run through
+Bridge's own pretrain() and Bridge's Qwen-VL forward step (`qwen3_vl_step`, the step that does the recipes' deferred
+in-batch packing): what a Bridge user runs without vlmtrain, changed only where one GPU, the benchmark and this
+offline machine force it. Every change is in the benchmark's `all_changes()` and in each row's `changes`.
 
 Useful tokens are counted as vlmtrain counts them (vlmtrain.train.step_counters: the non-pad tokens of every
 micro-batch the step consumed, read off the collated batch by a wrapper around the step's data iterator that hands
@@ -27,6 +26,7 @@ from megatron.bridge.training.callbacks import Callback
 
 from vlmtrain.config.resolve import resolve
 from vlmtrain.lab import repeats, runner, store
+from vlmtrain.lab.bridge_benchmarks import BENCHMARKS, ITERATIONS, LAYERS, Benchmark
 from vlmtrain.lab.runner import ROOT
 from vlmtrain.observe import run_summary
 
@@ -38,48 +38,18 @@ if TYPE_CHECKING:
     from vlmtrain.config.schema import RunConfig
     from vlmtrain.train.step_counters import StepCounters
 
-RECIPE = "megatron.bridge.recipes.qwen_vl.h100.qwen3_vl.qwen3_vl_30b_a3b_sft_8gpu_h100_bf16_config"
-NAME = repeats.BRIDGE_RECIPE
-ITERATIONS = 8
-"""run_summary.SKIP warm-up steps + 5 counted, as the vlmtrain H1 cases (conf/tune/perf_h200.yaml)."""
-LAYERS = 4
-H1 = ["model=qwen3_vl_30b_a3b", f"model.num_layers={LAYERS}", "data=realistic", "hardware=h200",
-      "train.seq_length=4096", "gpus_per_node=1", "parallelism=3d", "parallelism.ep=1", "train.micro_batch_size=2",
-      "train.global_batch_size=32", "dispatcher=alltoall", "vision=trainable", "wandb.enabled=false"]
-"""vlmtrain's description of the same model, data and batch: the published HF config the recipe would download, the
-realistic data files and offline processor, the FLOP count and the H200's peak. The recipe's container is not built
-from it."""
-CHANGES = {
-    "model.expert_model_parallel_size": "8 -> 1 (one GPU)",
-    "model.num_layers": f"48 -> {LAYERS} (benchmark H1; every layer's shape kept)",
-    "train.train_iters": f"50 -> {ITERATIONS} (benchmark length: run_summary.SKIP warm-up steps + 5 counted)",
-    "model (provider)": "AutoBridge.from_hf_pretrained('Qwen/Qwen3-VL-30B-A3B-Instruct') -> AutoBridge.from_hf_config("
-                        "the same published config, built offline by vlmtrain.config.groups.model.hf_config): no hub "
-                        "on the GPU machine; load_weights=False as in the recipe, no pretrained checkpoint",
-    "dataset.source": "cord_v2 from the hub -> vlmtrain's data=realistic JSONL (the checked copy), same "
-                      "DirectHFSFTDatasetConfig, preprocessing and collate",
-    "dataset.hf_processor_path": "Qwen/Qwen3-VL-30B-A3B-Instruct -> vlmtrain's offline Qwen3-VL processor (real Qwen3 "
-                                 "tokenizer, Qwen3-VL image settings)",
-    "dataset.do_validation/do_test": "true -> false (the realistic files have one split; eval_interval 500 never "
-                                     "comes in 8 iterations)",
-    "checkpoint.save/load": "nemo_experiments/default/checkpoints -> none (no checkpoint written or resumed: a "
-                            "benchmark, and a later run must not resume an earlier one)",
-    "logger.tensorboard_dir": "nemo_experiments/default/tb_logs -> <run dir>/tb_logs",
-    "model.gradient_accumulation_fusion": "true -> false (forced by this stack: without APEX the ViT merger's "
-                                          "non-TE ColumnParallelLinear fails; STACK.md)",
-}
-"""Every field changed from the recipe, and why (kept: everything else, e.g. MBS 2, GBS 32, alltoall, freeze flags,
-optimizer, DDP, dataset packing flags)."""
+BENCH_FLAG = "--benchmark"
 RANK_FLAG = "--rank"
 MODULE = "vlmtrain.lab.bridge_recipe"
 ENTRY = f"python -m {MODULE}"
 """What each run's row names as its command."""
 
 
-def h1_run(run_dir: Path) -> RunConfig:
+def bench_run(bench: Benchmark, run_dir: Path) -> RunConfig:
+    """vlmtrain's description of the benchmark (its data, processor, FLOPs and peak), in `run_dir`."""
     from vlmtrain.config.compose import compose
 
-    return compose(H1, output_dir=str(run_dir))
+    return compose(list(bench.overrides), output_dir=str(run_dir))
 
 
 @contextmanager
@@ -99,9 +69,9 @@ def offline_hub(module: Any, hf_config: Any) -> Iterator[None]:
         module.AutoBridge = bridge
 
 
-def shipped(run: RunConfig) -> ConfigContainer:
+def shipped(bench: Benchmark, run: RunConfig) -> ConfigContainer:
     """The recipe's ConfigContainer as Bridge ships it (its provider from the published config, offline)."""
-    from megatron.bridge.recipes.qwen_vl.h100 import qwen3_vl as recipes
+    import importlib
 
     from vlmtrain.build import target
     from vlmtrain.config.compose import compose
@@ -109,20 +79,23 @@ def shipped(run: RunConfig) -> ConfigContainer:
     from vlmtrain.data import prepare
     from vlmtrain.data.processor import vision_token_ids
 
-    published = compose([o for o in H1 if not o.startswith("model.num_layers=")]).model  # 48 layers, as on the hub
+    module_name, function = bench.recipe.rsplit(".", 1)
+    recipes = importlib.import_module(module_name)
+    published = compose([o for o in bench.overrides if not o.startswith("model.num_layers=")]).model  # as on the hub
     hf = model.hf_config(published, vision_token_ids(prepare.processor_dir(run)))
     # the recipe reads GPU 0's properties (apply_flex_dispatcher_backend): a dry run presents the declared H200's
     with offline_hub(recipes, hf), target.declared_target(run, resolve(run)):
-        return getattr(recipes, RECIPE.rsplit(".", 1)[1])()
+        return getattr(recipes, function)()
 
 
-def recipe_config(run: RunConfig) -> ConfigContainer:
-    """The recipe's ConfigContainer with CHANGES applied, before Bridge's finalization."""
+def recipe_config(bench: Benchmark, run: RunConfig) -> ConfigContainer:
+    """The recipe's ConfigContainer with the benchmark's changes applied, before Bridge's finalization."""
     from megatron.bridge.data.sources.hf import HFDatasetSourceConfig
 
     from vlmtrain.data import prepare
 
-    cfg = shipped(run)
+    cfg = shipped(bench, run)
+    bench.apply(cfg)
     cfg.model.expert_model_parallel_size = 1
     cfg.model.num_layers = LAYERS
     cfg.train.train_iters = ITERATIONS
@@ -151,16 +124,17 @@ def facts(cfg: ConfigContainer) -> dict[str, Any]:
             "pretrained_checkpoint": cfg.checkpoint.pretrained_checkpoint}
 
 
-def dry_run(run_dir: Path) -> dict[str, Any]:
+def dry_run(bench: Benchmark, run_dir: Path) -> dict[str, Any]:
     """Build the recipe's container and validate it by Bridge's runtime_config_update for one H200, on any machine."""
     from vlmtrain.build import target
 
-    run = h1_run(run_dir)
-    cfg = recipe_config(run)
+    run = bench_run(bench, run_dir)
+    cfg = recipe_config(bench, run)
     target.finalize(run, resolve(run), cfg)
     out = facts(cfg)
-    print(f"[bridge-recipe] {RECIPE}: built and validated by Bridge for 1 x H200\n" + json.dumps(out, indent=1)
-          + "\n[bridge-recipe] changed from the recipe:\n" + "\n".join(f"  {k}: {v}" for k, v in CHANGES.items()),
+    changes = bench.all_changes()
+    print(f"[bridge-recipe] {bench.recipe}: built and validated by Bridge for 1 x H200\n" + json.dumps(out, indent=1)
+          + "\n[bridge-recipe] changed from the recipe:\n" + "\n".join(f"  {k}: {v}" for k, v in changes.items()),
           flush=True)
     return out
 
@@ -195,7 +169,7 @@ class PeerMetrics(Callback):
         store.append_jsonl(self.path, row)
 
 
-def rank_main(run_dir: Path) -> int:
+def rank_main(bench: Benchmark, run_dir: Path) -> int:
     """The one torchrun rank: the recipe's container through Bridge's pretrain() and the recipe's forward step."""
     from megatron.bridge.models.qwen_vl.qwen3_vl_step import forward_step
     from megatron.bridge.training.pretrain import pretrain
@@ -203,45 +177,46 @@ def rank_main(run_dir: Path) -> int:
     from vlmtrain.train import trainer
     from vlmtrain.train.step_counters import StepCounters
 
-    run = h1_run(run_dir)
-    cfg = recipe_config(run)
+    run = bench_run(bench, run_dir)
+    cfg = recipe_config(bench, run)
     trainer.use_prebuilt_dataset_helpers()  # the core wheel ships the helpers built but no Makefile (STACK.md)
     counters = StepCounters(run, resolve(run), nullcontext)
     pretrain(cfg, counters.wrap(forward_step), callbacks=[PeerMetrics(run, counters)])
     return 0
 
 
-def command(run_dir: Path, port: int) -> list[str]:
+def command(bench: Benchmark, run_dir: Path, port: int) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=1", "--nnodes=1", "--master-port",
-            str(port), "-m", MODULE, RANK_FLAG, str(run_dir)]
+            str(port), "-m", MODULE, BENCH_FLAG, bench.name, RANK_FLAG, str(run_dir)]
 
 
-def run_once(i: int, machine_run: str, out: Path, results_path: Path) -> dict[str, Any] | None:
+def run_once(bench: Benchmark, i: int, machine_run: str, out: Path, results_path: Path) -> dict[str, Any] | None:
     """Run i of this machine run in its own process and directory, its row appended (None when it failed)."""
     run_dir = out / machine_run / f"run{i}"
     run_dir.mkdir(parents=True, exist_ok=True)
     from vlmtrain.data import prepare
 
-    h1 = h1_run(run_dir)
-    prepare.prepare(h1, resolve(h1))  # compose and the data scan on CPU before the rank starts, as vlmtrain.flow does
+    run = bench_run(bench, run_dir)
+    prepare.prepare(run, resolve(run))  # compose and the data scan on CPU before the rank starts, as vlmtrain.flow does
     print(f"[bridge-recipe] run {i + 1} ({machine_run}) in {run_dir}", flush=True)
     port = int(os.environ.get("MASTER_PORT") or runner.free_port())
-    run = runner.spawn(command(run_dir, port), run_dir, port=port)
-    rc = run.wait()
-    wall = round(run.wall_s(), 1)
+    spawned = runner.spawn(command(bench, run_dir, port), run_dir, port=port)
+    rc = spawned.wait()
+    wall = round(spawned.wall_s(), 1)
     summary = run_summary.summarize(run_dir, keys=run_summary.SUMMARY_KEYS)
     print(f"[bridge-recipe] run {i + 1}: rc {rc} in {wall} s {json.dumps(summary)}", flush=True)
     if rc != 0 or "useful_tokens_per_s_per_gpu" not in summary:
         print((run_dir / "train.log").read_text()[-4000:], flush=True)
         return None
-    return store.append(results_path, NAME, ENTRY, summary, machine_run=machine_run, run=i,
-                          wall_s=wall, recipe=RECIPE, changes=CHANGES, config=H1)
+    return store.append(results_path, bench.case, ENTRY, summary, machine_run=machine_run, run=i, wall_s=wall,
+                        recipe=bench.recipe, changes=bench.all_changes(), config=list(bench.overrides))
 
 
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument(BENCH_FLAG, choices=sorted(BENCHMARKS), default="h1", help="which benchmark's recipe")
     ap.add_argument("--repeats", type=int, default=3, help="runs on this machine run (recorded ones are skipped)")
     ap.add_argument("--dry-run", action="store_true", help="CPU: build the recipe's container and validate it")
     ap.add_argument("--results", type=Path, default=ROOT / "results" / "perf_h200.jsonl")
@@ -249,13 +224,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget-s", type=float, default=None, help="start no run that would end after this many s")
     ap.add_argument(RANK_FLAG, type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    bench = BENCHMARKS[args.benchmark]
     if args.rank:
-        return rank_main(args.rank)
+        return rank_main(bench, args.rank)
     if args.dry_run:
-        dry_run(args.out / "dry-run")
+        dry_run(bench, args.out / f"dry-run-{bench.name}")
         return 0
     machine_run = store.machine_run()
-    have = repeats.done(args.results, NAME, machine_run)
+    have = repeats.done(args.results, bench.case, machine_run)
     print(f"[bridge-recipe] {have} of {args.repeats} runs recorded on {machine_run}", flush=True)
     t0, walls = time.monotonic(), []
     for i in range(have, args.repeats):
@@ -263,11 +239,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[bridge-recipe] budget: {args.budget_s:.0f} s would be exceeded; runs {i + 1}.. not started")
             return 0
         started = time.monotonic()
-        if run_once(i, machine_run, args.out, args.results) is None:
+        if run_once(bench, i, machine_run, args.out / bench.name, args.results) is None:
             return 1
         walls.append(time.monotonic() - started)
     if have < args.repeats:
-        repeats.append_summary(args.results, NAME, machine_run, f"{ENTRY} --repeats {args.repeats}")
+        repeats.append_summary(args.results, bench.case, machine_run,
+                               f"{ENTRY} {BENCH_FLAG} {bench.name} --repeats {args.repeats}")
     return 0
 
 

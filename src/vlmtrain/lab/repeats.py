@@ -6,8 +6,10 @@ number within the machine run); the case's summary row is `<case>_summary` with 
 Runs already recorded for a machine run are not run again (`done`), so a case's repeats may be split over several
 device calls.
 
-The issue-23 peer ratio `vs_bridge_recipe` (vlmtrain's best H1 median / Bridge's own recipe's median, useful tokens/s)
-is written as its own row whenever a summary of either side lands and both exist for the machine run.
+The peer ratio `vs_bridge_recipe` of benchmark H1 (issue 23) and H2 (issue 48): vlmtrain's best median of the
+benchmark / Bridge's own recipe's median (useful tokens/s), written as its own row (`vs-bridge-recipe_<machine run>`
+for H1, `vs-bridge-recipe-h2_<machine run>` for H2) whenever a summary of either side lands and both exist for the
+machine run.
 """
 
 from __future__ import annotations
@@ -24,8 +26,16 @@ KEYS = ("useful_tokens_per_s_per_gpu", "mfu", "step_s", "peak_mem_gib", "mfu_vit
 SUMMARY_SUFFIX = "_summary"
 H1_PREFIX = "h1_"
 """Case names of the issue-23 benchmark H1 (one H200): vlmtrain's cases and the Bridge recipe peer."""
-BRIDGE_RECIPE = "h1_bridge-recipe"
-"""The peer's case name: Bridge's own Qwen3-VL-30B-A3B SFT recipe at H1 (vlmtrain.lab.bridge_recipe)."""
+PEER_PREFIXES = (H1_PREFIX, "h2_")
+"""The benchmarks with a Bridge recipe peer (vlmtrain.lab.bridge_benchmarks): H1 and issue 48's H2."""
+
+
+def bridge_case(prefix: str) -> str:
+    """The peer's case name of a benchmark: Bridge's own SFT recipe for its model (vlmtrain.lab.bridge_recipe)."""
+    return f"{prefix}bridge-recipe"
+
+
+BRIDGE_RECIPE = bridge_case(H1_PREFIX)
 USEFUL = "useful_tokens_per_s_per_gpu"
 
 
@@ -66,8 +76,9 @@ def append_summary(path: Path, name: str, machine_run: str, command: str, **extr
     lo, hi = metrics[USEFUL + "_min"], metrics[USEFUL + "_max"]
     print(f"[repeats] {name} ({machine_run}, {metrics['runs']} runs): median {metrics[USEFUL]:.0f} useful "
           f"tokens/s/GPU ({lo:.0f}-{hi:.0f}), step {metrics['step_s']:.2f} s", flush=True)
-    if name.startswith(H1_PREFIX):
-        append_vs_bridge(path, machine_run, command)
+    for prefix in PEER_PREFIXES:
+        if name.startswith(prefix):
+            append_vs_bridge(path, machine_run, command, prefix)
     return row
 
 
@@ -82,20 +93,23 @@ def trains_every_tower(row: dict[str, Any]) -> bool:
     return not any(o.startswith("vision=frozen") for o in row.get("config") or [])
 
 
-def best_h1(rows: list[dict[str, Any]], machine_run: str) -> tuple[str, dict[str, Any]] | None:
-    """vlmtrain's best full-training H1 case on `machine_run` (highest median useful tokens/s/GPU) and its summary
-    row: what vs_bridge_recipe and the towers-vs-ceiling row describe (frozen-tower cases are reported apart)."""
+def best_h1(rows: list[dict[str, Any]], machine_run: str,
+            prefix: str = H1_PREFIX) -> tuple[str, dict[str, Any]] | None:
+    """vlmtrain's best full-training case of a benchmark (H1 unless `prefix` says) on `machine_run` (highest median
+    useful tokens/s/GPU) and its summary row: what vs_bridge_recipe and the towers-vs-ceiling row describe
+    (frozen-tower cases are reported apart)."""
     ours = {n: r for n, r in summaries(rows, machine_run).items()
-            if n.startswith(H1_PREFIX) and n != BRIDGE_RECIPE and trains_every_tower(r)}
+            if n.startswith(prefix) and n != bridge_case(prefix) and trains_every_tower(r)}
     if not ours:
         return None
     best = max(ours, key=lambda n: ours[n]["metrics"][USEFUL])
     return best, ours[best]
 
 
-def vs_bridge(rows: list[dict[str, Any]], machine_run: str) -> dict[str, Any] | None:
-    """best_h1 over the Bridge recipe's median on one machine run, or None until both sides have a summary there."""
-    peer, ours = summaries(rows, machine_run).get(BRIDGE_RECIPE), best_h1(rows, machine_run)
+def vs_bridge(rows: list[dict[str, Any]], machine_run: str, prefix: str = H1_PREFIX) -> dict[str, Any] | None:
+    """best_h1 (of the benchmark) over its Bridge recipe's median on one machine run, or None until both sides have a
+    summary there."""
+    peer, ours = summaries(rows, machine_run).get(bridge_case(prefix)), best_h1(rows, machine_run, prefix)
     if peer is None or ours is None:
         return None
     best, a, b = ours[0], ours[1]["metrics"], peer["metrics"]
@@ -104,10 +118,16 @@ def vs_bridge(rows: list[dict[str, Any]], machine_run: str) -> dict[str, Any] | 
             "vs_bridge_recipe_mfu": a["mfu"] / b["mfu"] if a.get("mfu") and b.get("mfu") else None}
 
 
-def append_vs_bridge(path: Path, machine_run: str, command: str) -> dict[str, Any] | None:
-    metrics = vs_bridge(run_summary.read_jsonl(path), machine_run)
+def vs_bridge_name(prefix: str, machine_run: str) -> str:
+    """The ratio row's name: `vs-bridge-recipe_<machine run>` for H1 (as before H2), `vs-bridge-recipe-h2_...`."""
+    return f"vs-bridge-recipe_{machine_run}" if prefix == H1_PREFIX else \
+        f"vs-bridge-recipe-{prefix.rstrip('_')}_{machine_run}"
+
+
+def append_vs_bridge(path: Path, machine_run: str, command: str, prefix: str = H1_PREFIX) -> dict[str, Any] | None:
+    metrics = vs_bridge(run_summary.read_jsonl(path), machine_run, prefix)
     if metrics is None:
         return None
     print(f"[repeats] vs_bridge_recipe ({machine_run}): {metrics['vs_bridge_recipe']:.2f} "
-          f"({metrics['vlmtrain_case']} / {BRIDGE_RECIPE}, medians)", flush=True)
-    return store.append(path, f"vs-bridge-recipe_{machine_run}", command, metrics, machine_run=machine_run)
+          f"({metrics['vlmtrain_case']} / {bridge_case(prefix)}, medians)", flush=True)
+    return store.append(path, vs_bridge_name(prefix, machine_run), command, metrics, machine_run=machine_run)

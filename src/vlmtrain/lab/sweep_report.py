@@ -129,9 +129,10 @@ def _repeated(rows: list[dict[str, Any]]) -> list[str]:
     # the latest row of each name: a later H1 summary on a machine run writes its peer ratio and towers row again
     for r in store.latest(rows):
         m = r["metrics"]
-        if r["name"].startswith("vs-bridge-recipe_"):
+        if r["name"].startswith("vs-bridge-recipe"):
+            peer = reps.bridge_case(m["vlmtrain_case"].split("_", 1)[0] + "_")
             lines.append(f"- vs_bridge_recipe ({r['machine_run']}): {m['vs_bridge_recipe']:.2f} = "
-                         f"{m['vlmtrain_case']} / {reps.BRIDGE_RECIPE}, median useful tokens/s/GPU "
+                         f"{m['vlmtrain_case']} / {peer}, median useful tokens/s/GPU "
                          f"{m['vlmtrain_' + reps.USEFUL]:.0f} / {m['bridge_recipe_' + reps.USEFUL]:.0f}")
         elif r["name"].startswith(ceiling.PREFIX):
             lines.append(f"- bf16 matmul {r['name'].removeprefix(ceiling.PREFIX)}: {cell(m, 'tflops_per_s', '.0f')} "

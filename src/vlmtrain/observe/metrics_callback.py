@@ -4,7 +4,8 @@ Per step: step time (CUDA-synchronised wall clock, max over ranks), peak memory 
 token/image counters and vlmtrain's FLOPs summed over the data-parallel group, useful tokens/s/GPU and MFU; the
 per-component times of global rank 0 (observe.timing: the first pipeline stage, the one that runs the ViT); and
 Megatron Bridge's own numbers under their own names (megatron_*), computed by Bridge's code. The last rank (it holds
-the loss on the last pipeline stage, and is the rank Bridge logs from) writes the file and the W&B run.
+the loss on the last pipeline stage, and is the rank Bridge logs from) writes the file and the W&B run, and prints
+the step's line (observe.step_line) in place of Bridge's MODEL_TFLOP/s.
 
 Also per step: `samples.jsonl`, one row per data-parallel rank (written by that rank's first TP/CP rank of the
 first pipeline stage, from the ids the step counters took off its batches: no communication) with the sample
@@ -27,6 +28,7 @@ from vlmtrain.config.groups import precision
 from vlmtrain.config.resolve import Resolved
 from vlmtrain.observe import flops, startup, timing, wandb_run
 from vlmtrain.observe.run_summary import SKIP, append_jsonl
+from vlmtrain.observe.step_line import step_line
 from vlmtrain.train.step_counters import COUNTERS
 
 if TYPE_CHECKING:
@@ -201,6 +203,7 @@ class MetricsCallback(Callback):
         self._hint_if_data_bound(row)
         row.update(megatron_numbers(context.state.cfg, batch_size, stats, step_s, dist.get_world_size()))
         append_jsonl(self.path, row)
+        print(step_line(row), flush=True)
         wandb_run.log_row(self.wandb_run, row)
 
     def _hint_if_data_bound(self, row: dict[str, Any]) -> None:

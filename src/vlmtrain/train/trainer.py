@@ -32,7 +32,7 @@ def build(run: RunConfig, res: Resolved) -> tuple[ConfigContainer, list[str]]:
     cfg = container.build(run, res)
     after_build.before_launch(run, cfg)
     use_prebuilt_dataset_helpers()
-    bridge_patches.install_always()  # redaction before Bridge logs or saves the container; sample ids
+    bridge_patches.install_always()  # redaction before Bridge logs or saves the container; sample ids; no Step Time
     return cfg, bridge_patches.install(run)
 
 

@@ -6,6 +6,7 @@ the real value (Comet reads it); what those serialize is masked by vlmtrain.conf
 (`install_sample_ids`): Bridge's DirectSFTDataset collate also returns its examples' sample indices
 (vlmtrain.data.sample_ids), which the step counters take off the batch before Bridge's step sees it. A packed run's
 dataset (vlmtrain.data.bins_dataset.BinDataset) is not a DirectSFTDataset: its collate puts the ids there itself.
+Every process also drops Bridge's ungated MODEL_TFLOP/s print (bridge_patches.step_time, installed with these).
 """
 
 from __future__ import annotations
@@ -52,8 +53,3 @@ def install_sample_ids() -> None:
 
     replace("sample_ids", DirectSFTDataset, "__init__", __init__)
 
-
-def install_always() -> None:
-    """What every training process gets, whatever the groups say: redaction and sample ids."""
-    install_redaction()
-    install_sample_ids()
