@@ -6,6 +6,7 @@
 | qwen3_vl_30b_a3b   | 48 x 2048, 32 heads / 4 KV, head 128      | 128, top-8  | 27 x 1152, deepstack 8/16/24 |
 | qwen3_vl_235b_a22b | 94 x 4096, 64 heads / 4 KV, head 128      | 128, top-8  | 27 x 1152, deepstack 8/16/24 |
 | qwen35_vl_35b_a3b  | 40 x 2048, GDN 3:1 attention, 16 / 2 KV    | 256, top-8 +shared | 27 x 1152, no deepstack |
+| tiny_qwen35        | 4 x 256, GDN 3:1 attention, 4 / 2 KV       | 8, top-2 +shared | 2 x 128, no deepstack     |
 
 `model.num_layers=N` reduces decoder depth for benchmarking while keeping every layer's shape (Qwen3-VL needs
 N >= its deepstack layers, or fewer `model.vit.deepstack_indexes`: preflight says so). The HF config goes through
