@@ -27,7 +27,10 @@ TINY = ["model=tiny"]
 L4_30B = ["model=qwen3_vl_30b_a3b", "model.num_layers=4"]
 """Qwen3-VL-30B-A3B's layer shapes at 4 decoder layers: the fewest that hold its 3 deepstack layers."""
 SHAPE_30B = [*L4_30B, "data=realistic"]
-SHAPE_35 = ["model=qwen35_vl_35b_a3b", "model.num_layers=4", "data=realistic"]
+L4_35 = ["model=qwen35_vl_35b_a3b", "model.num_layers=4"]
+"""Qwen3.5-VL-35B-A3B's layer shapes at 4 decoder layers (H2): one 3:1 block of Gated DeltaNet and attention."""
+SHAPE_35 = [*L4_35, "data=realistic"]
+TINY_QWEN35 = ["model=tiny_qwen35"]
 # The largest 235B depth one H200 holds (memory estimate 92.5 GiB): one layer, so one deepstack merger.
 SHAPE_235B = ["model=qwen3_vl_235b_a22b", "model.num_layers=1", "model.vit.deepstack_indexes=[8]", "data=realistic"]
 

@@ -70,11 +70,17 @@ def packing_capacity_multiple(run: RunConfig, res: Resolved) -> str | None:
     return None
 
 
+QWEN35_PACKING_PROVEN: str | None = None
+"""The packing equivalence proof's passing Qwen3.5 rows in results/packing_equivalence.jsonl (machine run and
+commit, as docs/measurements.md names them), or None while no GPU run has passed: set, packing is allowed."""
+
+
 @rule(Severity.error)
 def qwen35_packing_unverified(run: RunConfig, res: Resolved) -> str | None:
-    """Qwen3.5 packs through code no run here has executed; kernels=fast adds none (its replacements are the same
+    """Qwen3.5 packs through code no run here has proven equal to per-sample training
+    (vlmtrain.lab.checks.packing_equivalence's qwen35 cases); kernels=fast adds none (its replacements are the same
     Qwen3-VL ViT and pinned-pixel paths, and its decoder RoPE replacement only runs on packed rows)."""
-    if run.model.family == Family.qwen35_vl and res.packing_capacity:
+    if run.model.family == Family.qwen35_vl and res.packing_capacity and not QWEN35_PACKING_PROVEN:
         return (f"model={run.model.name} with data.packing={res.packing_capacity} is unverified: packed (THD) rows "
                 "take Megatron's GatedDeltaNet varlen branch (cu_seqlens into FLA's causal conv and chunked delta "
                 "rule; on Hopper TileLang's varlen backward) and TE's fused RoPE on the partial (64 of 256) rotary "
@@ -82,7 +88,6 @@ def qwen35_packing_unverified(run: RunConfig, res: Resolved) -> str | None:
                 "Qwen3.5-VL recipes never pack. Use data.packing=false, or "
                 "preflight.ignore=[qwen35_packing_unverified] to run it as that check.")
     return None
-
 
 
 @rule(Severity.error)

@@ -23,6 +23,10 @@ own `setup()` build the model and optimizer, and then, in this one rank:
   packed-vs-alone comparison passes; at random init attention is nearly uniform and positions barely matter, so
   the model is trained on packed rows (TRAIN_STEPS per round, the real Megatron optimizer, other samples than the
   compared ones) until both have, within TRAIN_BUDGET_S.
+- Qwen3.5 (models with Megatron Core GatedDeltaNet layers) adds the `gdn_boundaries` control: the GDN layers run
+  the row as one sequence (no cu_seqlens into FLA's causal conv1d and chunked delta rule, so the conv window and
+  the recurrent state cross each boundary) while attention and positions stay per sample
+  (vlmtrain.lab.checks.packing_gdn_control); `boundaries` there breaks both mixers.
 - `whole_row_positions` is recorded, not a control: positions computed over the whole row as one sequence shift
   every position of a later sample by one constant (get_rope_index continues from the previous sample), and RoPE
   attention depends only on position differences, so with the boundaries kept it changes nothing but rounding.
@@ -64,6 +68,10 @@ CASES: dict[str, list[str]] = {
     # 4 layers: the fewest that hold the 3 deepstack layers (preflight deepstack_on_first_stage)
     "30b-shape-l4_kernels-default": cases.L4_30B,
     "30b-shape-l4_kernels-fast": [*cases.L4_30B, "kernels=fast"],
+    # Qwen3.5 (Gated DeltaNet 3:1 full attention): preflight refuses its packing until these pass
+    "tiny-qwen35_kernels-default": [*cases.TINY_QWEN35],
+    "h2-shape-l4_kernels-default": [*cases.L4_35],
+    "h2-shape-l4_kernels-fast": [*cases.L4_35, "kernels=fast"],
 }
 
 def run_cases(only: list[str] | None, results_path: Path, commit: str) -> int:

@@ -16,6 +16,9 @@ GRAD_COSINE_MIN = 0.99
 CONTROL_MARGIN = 10
 """A control must differ by at least this many times CE_MEAN_TOL_NATS, or the check could not have failed."""
 CONTROLS = ("positions", "boundaries")
+GDN_CONTROLS = ("gdn_boundaries",)
+"""Models with Gated DeltaNet layers (Qwen3.5) also: those layers run the row as one sequence
+(vlmtrain.lab.checks.packing_gdn_control), the attention layers and the positions keep each sample's."""
 CHECKS = ("whole_row_positions",)
 """Recorded beside the controls, expected to change nothing (packing_equivalence's docstring says why)."""
 
@@ -33,10 +36,15 @@ def strong(m: dict[str, Any], kind: str) -> bool:
     return m[f"control_ce_mean_abs_diff_nats_{kind}"] >= CONTROL_MARGIN * CE_MEAN_TOL_NATS and all(passes(m).values())
 
 
+def measured_controls(m: dict[str, Any]) -> list[str]:
+    """The controls a state's metrics hold (GDN_CONTROLS only on models with Gated DeltaNet layers)."""
+    return [k for k in (*CONTROLS, *GDN_CONTROLS) if f"control_ce_mean_abs_diff_nats_{k}" in m]
+
+
 def verdict(history: list[dict[str, Any]]) -> dict[str, Any]:
     """Every state's comparison passes; each control was strong at some state (and at which trained step)."""
     out: dict[str, Any] = {"comparison_ok": all(all(passes(m).values()) for m in history)}
-    for kind in CONTROLS:
+    for kind in measured_controls(history[0]):
         at = [m["trained_steps"] for m in history if strong(m, kind)]
         out[f"control_{kind}_ok"] = bool(at)
         out[f"control_{kind}_strong_at_trained_steps"] = at[0] if at else None

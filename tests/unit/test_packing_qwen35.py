@@ -1,0 +1,101 @@
+"""Qwen3.5 packing on CPU, what the GPU check (vlmtrain.lab.checks.packing_equivalence's qwen35 cases) builds on:
+packed tiny_qwen35 rows reach Megatron Core's GatedDeltaNet with one cu_seqlens boundary per sample (its own
+_resolve_cu_seqlens, the boundaries FLA's varlen conv1d and chunked delta rule reset their state at), the Gated
+DeltaNet control's input drops them, the verdict counts that control, and preflight refuses until the proof passed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from packed_batches import MICRO_BATCHES, Data, PackedBatch, case_builder, data_builder
+
+from vlmtrain.check import preflight
+from vlmtrain.check.preflight import packing
+from vlmtrain.config import architecture as arch
+from vlmtrain.config.resolve import resolve
+from vlmtrain.lab.checks import packing_equivalence
+from vlmtrain.lab.checks.packing_gdn_control import gdn_whole_row, without_packing
+from vlmtrain.lab.checks.packing_verdict import CE_MEAN_TOL_NATS, CONTROL_MARGIN, verdict
+
+QWEN35 = ("model=tiny_qwen35", "preflight.ignore=[qwen35_packing_unverified]")  # the proof's own batches
+
+
+@pytest.fixture(scope="module")
+def data(compose: Callable[..., Any], bridge: Any, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Data]:
+    return data_builder(lambda *o, **k: compose(*QWEN35, *o, **k), tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def case(data: Callable[..., Data]) -> Callable[..., PackedBatch]:
+    return case_builder(data)
+
+
+def test_tiny_qwen35_is_the_published_pattern(compose: Callable[..., Any]) -> None:
+    m = compose("model=tiny_qwen35").model
+    assert arch.layer_types(m) == ["linear_attention"] * 3 + ["full_attention"]
+    assert sum(m.mrope_section) == m.head_dim * arch.QWEN35_PARTIAL_ROTARY_FACTOR / 2
+
+
+@pytest.mark.parametrize(("multiple", "static"), [(1, False), (16, False), (1, True)])
+@pytest.mark.parametrize("name", sorted(MICRO_BATCHES))
+def test_gdn_gets_one_boundary_per_sample(case: Callable[..., PackedBatch], multiple: int, static: bool,
+                                          name: str) -> None:
+    """What vlm_step hands the model: GDN resolves the params to each sample's (padded) start and the row's end,
+    and every sample's real tokens lie inside its own segment, so no conv window or state spans two samples."""
+    from megatron.core.ssm.gated_delta_net.gdn import GatedDeltaNet
+
+    c = case(multiple, name, static)
+    total = c.step["input_ids"].shape[1]
+    p = c.packed_seq_params
+    assert p.qkv_format == "thd"
+    cu = GatedDeltaNet._resolve_cu_seqlens(None, p.cu_seqlens_q_padded, p.cu_seqlens_q, total, "cu_seqlens_q")
+    slices = c.slices()
+    assert cu.tolist() == [s for s, _, _ in slices] + [total]
+    assert all(start <= real <= end for start, real, end in slices)
+    assert len(slices) == len(MICRO_BATCHES[name]) == len(c.alone)
+
+
+def test_gdn_control_drops_the_boundaries() -> None:
+    """The control's forward gets no packed params whatever the layer passes; a model without GDN is refused."""
+    seen: list[Any] = []
+    forward = without_packing(lambda x, **kw: seen.append(kw["packed_seq_params"]) or x)
+    assert forward(1, packed_seq_params="thd params", attention_mask=None) == 1 and seen == [None]
+    with pytest.raises(ValueError, match="without GatedDeltaNet"), gdn_whole_row(torch.nn.Linear(2, 2)):
+        pass
+
+
+def _state(steps: int, ce: float, gdn: float) -> dict[str, Any]:
+    return {"trained_steps": steps, "ce_mean_abs_diff_nats": ce, "ce_p99_abs_diff_nats": 0.03, "grad_cosine": 0.999,
+            "control_ce_mean_abs_diff_nats_positions": 0.2, "control_ce_mean_abs_diff_nats_boundaries": 0.3,
+            "control_ce_mean_abs_diff_nats_gdn_boundaries": gdn}
+
+
+def test_verdict_needs_the_gdn_control_strong_where_the_comparison_passes() -> None:
+    strong = CONTROL_MARGIN * CE_MEAN_TOL_NATS
+    weak = verdict([_state(0, 0.004, strong / 2)])
+    assert weak["comparison_ok"] and not weak["control_gdn_boundaries_ok"]
+    later = verdict([_state(0, 0.004, strong / 2), _state(40, 0.005, strong)])
+    assert later["control_gdn_boundaries_ok"] and later["control_gdn_boundaries_strong_at_trained_steps"] == 40
+    failing = verdict([_state(0, 2 * CE_MEAN_TOL_NATS, strong)])
+    assert not failing["comparison_ok"] and not failing["control_gdn_boundaries_ok"]
+    assert "control_gdn_boundaries_ok" not in verdict([{k: v for k, v in _state(0, 0.0, 1.0).items()
+                                                        if "gdn" not in k}])
+
+
+def test_preflight_refuses_until_the_proof_passed(compose: Callable[..., Any],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    run = compose("model=tiny_qwen35", "data=realistic", "data.packing=8192", "gpus_per_node=1")
+    assert "qwen35_packing_unverified" in {f.rule for f in preflight.errors(preflight.check(run, resolve(run)))}
+    monkeypatch.setattr(packing, "QWEN35_PACKING_PROVEN", "machine run X (commit Y)")
+    assert packing.qwen35_packing_unverified(run, resolve(run)) is None
+
+
+@pytest.mark.parametrize("name", [n for n in packing_equivalence.CASES if "qwen35" in n or n.startswith("h2")])
+def test_qwen35_cases_compose_past_preflight(compose: Callable[..., Any], name: str) -> None:
+    run = compose(*packing_equivalence.BASE, *packing_equivalence.CASES[name])  # the harness packs, not the run
+    assert run.model.family == "qwen35_vl"
+    assert not preflight.errors(preflight.check(run, resolve(run)))
