@@ -181,6 +181,19 @@ TABLE: list[tuple[list[str], dict[str, object]]] = [
             "model.apply_rope_fusion": False,
         },
     ),
+    (
+        # the 3:1 Gated-DeltaNet pattern at test size, GDN head dims of the published model
+        ["model=tiny_qwen35"],
+        {
+            "model.num_layers": 4,
+            "model.hidden_size": 256,
+            "model.num_moe_experts": 8,
+            "model.experimental_attention_variant": "gated_delta_net",
+            "model.linear_attention_freq": [1, 1, 1, 0],  # 3 GDN, then full attention
+            "model.linear_key_head_dim": 128,
+            "model.vision_config.depth": 2,
+        },
+    ),
     (["model=qwen3_vl_30b_a3b", "model.num_layers=8"], {"model.num_layers": 8, "model.vision_config.depth": 27}),
     (
         ["model=qwen3_vl_235b_a22b", "nodes=4", "train.global_batch_size=32", "preflight.ignore=[memory_fits]"],

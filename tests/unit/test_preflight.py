@@ -105,6 +105,8 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     "quantized_unmeasured_combination": (["precision=fp8", "kernels=fast"], ["precision=fp8"]),
     "mxfp8_buffer_reuse_off_under_fsdp": (["hardware=gb200", "precision=mxfp8"],
                                           ["hardware=gb200", "precision=mxfp8", "parallelism=3d"]),
+    # a dir with no config.json; real checkpoints that match or differ: tests/unit/test_hf_path.py
+    "hf_path_matches_model": (["model.hf_path=/nonexistent/checkpoint"], []),
 }
 
 
