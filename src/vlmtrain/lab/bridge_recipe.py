@@ -121,7 +121,10 @@ def facts(cfg: ConfigContainer) -> dict[str, Any]:
             "defer_in_batch_packing_to_step": d.defer_in_batch_packing_to_step, "dataset": type(d).__name__,
             "source": d.source.path_or_dataset, "data_files": d.source.load_kwargs.get("data_files"),
             "mixed_precision": str(cfg.mixed_precision), "checkpoint_save": cfg.checkpoint.save,
-            "pretrained_checkpoint": cfg.checkpoint.pretrained_checkpoint}
+            "pretrained_checkpoint": cfg.checkpoint.pretrained_checkpoint,
+            "use_megatron_fsdp": cfg.ddp.use_megatron_fsdp, "recompute_granularity": m.recompute_granularity,
+            "mtp_num_layers": getattr(m, "mtp_num_layers", None),
+            "linear_attention_freq": getattr(m, "linear_attention_freq", None)}
 
 
 def dry_run(bench: Benchmark, run_dir: Path) -> dict[str, Any]:
