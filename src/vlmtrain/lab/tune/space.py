@@ -5,7 +5,9 @@ divide: `dp` is data parallelism alone (Megatron's DDP with the distributed opti
 `3d-ep1`, so the 3D stage does not run it again), the layout with nothing to tune beside FSDP's; EP divides the
 experts and the ranks of a stage, TP the GPUs of a node, PP the decoder layers, VPP a stage's layers; ETP only at
 ETP = TP, and preflight's `etp_while_ep_fits` then refuses it where EP alone is enough (the guidance: ETP only when
-EP is not enough). A packed candidate (data.packing=<capacity>, MBS 1) trains GBS in rows (`packed_rows`). Each
+EP is not enough). A knob's `{around: [d, ...]}` is the parent's value plus each d (the capacity's finer steps near
+the memory limit, once the stages before have changed what a row costs); a parent whose value is not a number gets
+none. A packed candidate (data.packing=<capacity>, MBS 1) trains GBS in rows (`packed_rows`). Each
 candidate is composed as train.py would, placed on the world it will run on and checked by preflight (its memory
 estimate, which reads the capacity, included): a candidate with an error finding is pruned, its findings kept as why.
 """
@@ -59,6 +61,18 @@ def layouts(kind: str, world_size: int, gpus_per_node: int, num_experts: int, nu
     return out
 
 
+@dataclass(frozen=True)
+class Around:
+    """A stage's values relative to each parent's: its value plus each delta."""
+
+    deltas: tuple[int, ...]
+
+    def values(self, parent: Any) -> list[int]:
+        if not isinstance(parent, int) or isinstance(parent, bool):
+            return []
+        return [parent + d for d in self.deltas]
+
+
 @dataclass
 class Candidate:
     values: dict[str, Any]
@@ -71,12 +85,16 @@ class Candidate:
     pruned: bool = False
 
 
-def stage_values(stage: Stage, run: RunConfig, world_size: int, gpus_per_node: int) -> list[dict[str, list[Any]]]:
-    """Each grid's knobs and their values; `layout: fsdp|3d` expanded for this world and model."""
-    out = []
+def stage_values(stage: Stage, run: RunConfig, world_size: int, gpus_per_node: int) -> list[dict[str, Any]]:
+    """Each grid's knobs and their values; `layout: fsdp|3d` expanded for this world and model, `{around: [...]}`
+    an Around."""
+    out: list[dict[str, Any]] = []
     for grid in stage.grids:
-        varied = {}
+        varied: dict[str, Any] = {}
         for knob, values in grid.items():
+            if isinstance(values, dict):
+                varied[knob] = Around(tuple(int(d) for d in values["around"]))
+                continue
             values = list(values) if isinstance(values, list) else [values]
             if knob == "layout":
                 values = [n for v in values for n in (layouts(v, world_size, gpus_per_node, run.model.num_experts,
@@ -86,11 +104,12 @@ def stage_values(stage: Stage, run: RunConfig, world_size: int, gpus_per_node: i
     return out
 
 
-def candidates(spec: Spec, parents: list[dict[str, Any]], grids: list[dict[str, list[Any]]]) -> list[Candidate]:
+def candidates(spec: Spec, parents: list[dict[str, Any]], grids: list[dict[str, Any]]) -> list[Candidate]:
     """Every parent (a survivor of the last stage) with every combination of each grid's values, once each."""
     seen: dict[str, Candidate] = {}
     for parent in parents:
-        for i, varied in enumerate(grids):
+        for i, grid in enumerate(grids):
+            varied = {k: v.values(parent.get(k)) if isinstance(v, Around) else v for k, v in grid.items()}
             for combo in itertools.product(*varied.values()):
                 case = spec.case({**parent, **dict(zip(varied, combo, strict=True))})
                 seen.setdefault(case.name, Candidate(case.values, case.name, case.overrides, i))
