@@ -30,6 +30,9 @@ LAYOUT_KINDS = ("fsdp", "dp", "3d")
 FLEX = ("hybridep", "deepep")
 """Dispatchers through DeepEP's package (built for the GPU, not on PyPI): pruned where it is not installed."""
 MAX_TP, MAX_PP, VPP = 8, 8, 2
+PROBLEM = ("model", "model.num_layers", "hardware", "data", "vision", "train.seq_length", "gpus_per_node", "nodes")
+"""What a search is given, not what it searches: the model and its depth, the data, the hardware, which towers train,
+the sequence length and the world (and GBS in samples, which a packed candidate turns into rows)."""
 
 
 def _divisors(n: int, limit: int | None = None) -> list[int]:
@@ -181,6 +184,19 @@ def prune(spec: Spec, cands: list[Candidate], node_gpus: int) -> list[Candidate]
         c.findings = check([*spec.base, *c.overrides], node_gpus)
         c.pruned = any(f.startswith("[error]") for f in c.findings)
     return cands
+
+
+def problem(overrides: list[str], node_gpus: int) -> dict[str, Any]:
+    """The PROBLEM a composed run poses: its group options, field values and world size."""
+    from omegaconf import OmegaConf
+
+    from vlmtrain.config.groups import CHOSEN
+
+    run, res = placed_resolved(overrides, node_gpus)
+    tree = OmegaConf.structured(run)
+    out = {k: run.choices.get(k) if k in CHOSEN else OmegaConf.select(tree, k) for k in PROBLEM
+           if k not in ("gpus_per_node", "nodes")}
+    return {**out, "world_size": res.layout.world_size}
 
 
 def layout_name(run: RunConfig, res: Resolved) -> str:
