@@ -14,6 +14,7 @@ import pytest
 
 from vlmtrain.config.groups import model
 from vlmtrain.config.groups.kernels import cache_root
+from vlmtrain.lab import spec
 from vlmtrain.lab.tune import command, outputs, space, trials
 from vlmtrain.observe import run_summary
 
@@ -92,3 +93,42 @@ def test_trials_share_one_cache_dir(tmp_path: Path) -> None:
     assert env["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "cache" / "kernels" / "inductor")
     assert env["TRITON_CACHE_DIR"] == str(tmp_path / "cache" / "kernels" / "triton")
     assert command.cache_overrides([*H1, "data.cache_dir=/x"], tmp_path) == []
+
+
+class Recorded:
+    """A trial whose run writes a recorded GPU run's rows into its metrics.jsonl, one per poll (the GPU run's
+    stand-in)."""
+
+    def __init__(self, run_dir: Path, rows: list[dict[str, Any]]):
+        self.run_dir, self.rows, self.i = run_dir, rows, 0
+        run_dir.mkdir(parents=True)
+
+    def poll(self) -> int | None:
+        if self.i == len(self.rows):
+            return 0
+        with (self.run_dir / "metrics.jsonl").open("a") as f:
+            f.write(json.dumps(self.rows[self.i]) + "\n")
+        self.i += 1
+        return None
+
+    def stop(self) -> None:
+        raise AssertionError("no early stop without a best")
+
+    def wall_s(self) -> float:
+        return 60.0
+
+
+def test_screening_trials_measure_after_a_shorter_warmup(tmp_path: Path) -> None:
+    """The default spec's screening trials run 5 steps and leave 2 out (3 measured, one step less than with the
+    finalists' 3 warm-up steps); a trial without the rule (finalists, comparison) leaves 3 out."""
+    s = spec.load("default")
+    rule = trials.EarlyStop(**s.get("early_stop"))
+    assert rule.warmup == 2 and all(st.iterations - rule.warmup == 3 for st in s.stages)
+    rows = run_summary.read_jsonl(RUN)[:5]
+    screen = trials.run(lambda d, o: Recorded(d / trials.RUN_SUBDIR, rows), tmp_path / "a", [], 1, None, rule, 0.0)
+    final = trials.run(lambda d, o: Recorded(d / trials.RUN_SUBDIR, rows), tmp_path / "b", [], 1, None, None, 0.0)
+    assert screen.status == final.status == "ok"
+    assert screen.useful == run_summary.summarize_rows(rows, 2)["useful_tokens_per_s_per_gpu"]
+    assert final.useful == run_summary.summarize_rows(rows, 3)["useful_tokens_per_s_per_gpu"]
+    assert screen.metrics["measured_steps_s"] == pytest.approx(sum(r["step_s"] for r in rows[2:]), abs=0.01)
+    assert final.metrics["warmup_steps_s"] == pytest.approx(rows[1]["step_s"] + rows[2]["step_s"], abs=0.01)

@@ -37,6 +37,10 @@ class EarlyStop:
     """Measured steps (after run_summary.SKIP warm-up steps) before a trial is judged."""
     slower_than: float = 0.8
     """Stop it when its useful tokens/s/GPU so far is below this fraction of the best trial's."""
+    warmup: int = run_summary.SKIP
+    """Steps a screening trial leaves out of its figure (finalists and the comparison: run_summary.SKIP). The first
+    step compiles and the second may still wait on the loader (4.8x the steady step in a recorded H1 run), the third
+    ran as steady ones in the recorded runs: 2 saves a screening trial one step."""
 
 
 @dataclass
@@ -102,9 +106,9 @@ def sweep_process(trial_dir: Path, overrides: list[str]) -> Handle:
 
 def slower(rows: list[dict[str, Any]], best: float | None, rule: EarlyStop) -> bool:
     """The early-stopping rule on the steps written so far."""
-    if best is None or len(rows) < run_summary.SKIP + rule.after_steps:
+    if best is None or len(rows) < rule.warmup + rule.after_steps:
         return False
-    useful = run_summary.summarize_rows(rows).get("useful_tokens_per_s_per_gpu")
+    useful = run_summary.summarize_rows(rows, rule.warmup).get("useful_tokens_per_s_per_gpu")
     return useful is not None and useful < rule.slower_than * best
 
 
@@ -167,7 +171,8 @@ def failure_reason(run_dir: Path) -> str:
 
 def run(launch: Launch, trial_dir: Path, overrides: list[str], gpus: int, best: float | None = None,
         rule: EarlyStop | None = None, poll_s: float = POLL_S) -> Outcome:
-    """Start the trial, stop it early if it is a loser, and summarize its run dir."""
+    """Start the trial, stop it early if it is a loser, and summarize its run dir (a screening trial, with a `rule`,
+    after its warm-up)."""
     handle = launch(trial_dir, overrides)
     stopped = False
     while (rc := handle.poll()) is None:
@@ -178,7 +183,9 @@ def run(launch: Launch, trial_dir: Path, overrides: list[str], gpus: int, best: 
             break
         time.sleep(poll_s)
     rows = run_summary.read_jsonl(handle.run_dir / "metrics.jsonl")
-    metrics = {**run_summary.summarize_rows(rows, keys=run_summary.SUMMARY_KEYS), **steps_split(rows)} if rows else {}
+    skip = rule.warmup if rule else run_summary.SKIP
+    metrics = {**run_summary.summarize_rows(rows, skip, run_summary.SUMMARY_KEYS), **steps_split(rows, skip)} \
+        if rows else {}
     out = Outcome("ok", metrics, wall_s=round(handle.wall_s(), 1), gpus=gpus, run_dir=str(handle.run_dir))
     if stopped:
         assert rule is not None and best is not None
