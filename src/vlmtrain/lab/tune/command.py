@@ -67,8 +67,9 @@ def cache_overrides(base: list[str], cache_dir: Path) -> list[str]:
 
 def result_row(state: dict[str, Any], base: list[str], versus: list[str] | None) -> dict[str, Any]:
     """The search's results row (store.append's metrics and fields): the winner, tune_vs_hand (null without a
-    comparison), the GPU minutes and where they went (trials.spend), the trial count; the base it started from
-    and the hand side's overrides beside the winner's configuration."""
+    comparison), the GPU minutes and where every trial's went (trials.spend, the comparison's included as in
+    gpu_min_with_comparison), the trial count; the base it started from and the hand side's overrides beside the
+    winner's configuration."""
     from vlmtrain.lab.tune import outputs, trials
 
     useful, what = outputs.winner_figure(state)

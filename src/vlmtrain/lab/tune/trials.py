@@ -39,8 +39,9 @@ class EarlyStop:
     """Stop it when its useful tokens/s/GPU so far is below this fraction of the best trial's."""
     warmup: int = run_summary.SKIP
     """Steps a screening trial leaves out of its figure (finalists and the comparison: run_summary.SKIP). The first
-    step compiles and the second may still wait on the loader (4.8x the steady step in a recorded H1 run), the third
-    ran as steady ones in the recorded runs: 2 saves a screening trial one step."""
+    step compiles and the second may still wait on the loader (4.8x the steady step in a recorded run of H1's
+    shapes, tests/fixtures/precision_h200), the third ran as steady ones in the recorded runs: 2 saves a screening
+    trial one step."""
 
 
 @dataclass
