@@ -132,3 +132,13 @@ def test_screening_trials_measure_after_a_shorter_warmup(tmp_path: Path) -> None
     assert final.useful == run_summary.summarize_rows(rows, 3)["useful_tokens_per_s_per_gpu"]
     assert screen.metrics["measured_steps_s"] == pytest.approx(sum(r["step_s"] for r in rows[2:]), abs=0.01)
     assert final.metrics["warmup_steps_s"] == pytest.approx(rows[1]["step_s"] + rows[2]["step_s"], abs=0.01)
+
+
+def test_a_results_row_never_starts_from_a_preset(tmp_path: Path) -> None:
+    """With --results the base is the problem alone: a preset among its overrides is refused before any search."""
+    from vlmtrain import cli
+
+    args = cli.parser().parse_args(["tune", "experiment=perf_h200_best", "--plan", "--dir", str(tmp_path / "t"),
+                                    "--results", str(tmp_path / "rows.jsonl")])
+    assert args.func(args) == 2
+    assert not (tmp_path / "t").exists() and not (tmp_path / "rows.jsonl").exists()
