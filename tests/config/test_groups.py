@@ -194,7 +194,16 @@ TABLE: list[tuple[list[str], dict[str, object]]] = [
             "model.vision_config.depth": 2,
         },
     ),
-    (["model=qwen3_vl_30b_a3b", "model.num_layers=8"], {"model.num_layers": 8, "model.vision_config.depth": 27}),
+    (
+        # Megatron's torch.compile'd helpers (every family) cache their compiled kernels under data.cache_dir
+        ["model=qwen3_vl_30b_a3b", "model.num_layers=8"],
+        {
+            "model.num_layers": 8,
+            "model.vision_config.depth": 27,
+            "env_vars.TORCHINDUCTOR_CACHE_DIR": str(Path("~/.cache/vlmtrain/kernels/inductor").expanduser()),
+            "env_vars.TRITON_CACHE_DIR": str(Path("~/.cache/vlmtrain/kernels/triton").expanduser()),
+        },
+    ),
     (
         ["model=qwen3_vl_235b_a22b", "nodes=4", "train.global_batch_size=32", "preflight.ignore=[memory_fits]"],
         {

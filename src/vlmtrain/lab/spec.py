@@ -118,7 +118,8 @@ class Stage:
     name: str
     grids: list[dict[str, Any]]
     """knob -> values, one mapping per grid (`vary`: a mapping, or a list of them whose candidates come in order);
-    for `layout` also `fsdp`, `dp` or `3d`: every such layout the world allows (vlmtrain.lab.tune.space)."""
+    for `layout` also `fsdp`, `dp` or `3d`: every such layout the world allows, and `{around: [d, ...]}`: the
+    parent's value plus each d (vlmtrain.lab.tune.space)."""
     iterations: int
     keep: int = 1
     """Survivors: the next stage varies its knobs on each of them."""
@@ -198,6 +199,10 @@ def _knob(key: str, raw: Any) -> Knob:
 def _stage(raw: dict[str, Any]) -> Stage:
     try:
         vary, ladder = raw["vary"], raw.get("ladder") or ()
+        for grid in vary if isinstance(vary, list) else [vary]:
+            for knob, values in grid.items():
+                if isinstance(values, dict) and (set(values) != {"around"} or not isinstance(values["around"], list)):
+                    raise SpecError(f"stage {raw['name']}: {knob}: a mapping of values is {{around: [d, ...]}}")
         return Stage(name=raw["name"], grids=[dict(g) for g in (vary if isinstance(vary, list) else [vary])],
                      iterations=int(raw["iterations"]), keep=int(raw.get("keep", 1)),
                      ladder=(ladder,) if isinstance(ladder, str) else tuple(ladder), gate=dict(raw.get("gate") or {}))

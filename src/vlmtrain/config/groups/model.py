@@ -24,7 +24,10 @@ Qwen3.5's Gated-DeltaNet layers run flash-linear-attention (FLA) kernels that ar
 and torch.compile'd Megatron helpers. Step 1 of a fresh run spent 214-217 s there on the H200
 (results/gpu_acceptance.jsonl), so `env()` puts every one of those caches under `kernels.cache_dir` (default
 `data.cache_dir`/kernels), where later runs find them, and pins FLA's TileLang backend on SM90 (FLA_TILELANG=1; FLA
-also picks it there by default once tilelang and nvcc are present).
+also picks it there by default once tilelang and nvcc are present). Every family's Megatron helpers (router,
+dispatcher, fused activations) are torch.compile'd too, so TorchInductor's and Triton's caches go there for every
+model: a run on a fresh machine whose cache dir persisted (a tune's, `vlmtrain tune --cache-dir`) compiles nothing
+again.
 """
 
 from __future__ import annotations
@@ -215,20 +218,20 @@ def require_gdn_backward() -> None:
 
 
 def env(run: RunConfig) -> dict[str, str]:
-    """HF_HUB_OFFLINE=1 with `model.hf_path` (the dir is the only source); Qwen3.5 only: where the JIT-compiled
-    Gated-DeltaNet kernels are cached (persistent, kernels.cache_root) and, on SM90, FLA's TileLang backend (see the
-    module docstring); hardware.runtime_env exports these."""
-    out = {"HF_HUB_OFFLINE": "1"} if run.model.hf_path else {}
-    if run.model.family != Family.qwen35_vl:
-        return out
+    """HF_HUB_OFFLINE=1 with `model.hf_path` (the dir is the only source); where JIT-compiled kernels are cached
+    (persistent, kernels.cache_root): every family's Megatron helpers are torch.compile'd (router, dispatcher, fused
+    activations: TorchInductor and Triton), Qwen3.5's Gated-DeltaNet kernels too (TileLang, autotuned Triton) and, on
+    SM90, FLA's TileLang backend (see the module docstring); hardware.runtime_env exports these."""
     from vlmtrain.config.groups.kernels import cache_root
 
     kernels = cache_root(run)
+    out = {"HF_HUB_OFFLINE": "1"} if run.model.hf_path else {}
+    out |= {"TRITON_CACHE_DIR": str(kernels / "triton"), "TORCHINDUCTOR_CACHE_DIR": str(kernels / "inductor")}
+    if run.model.family != Family.qwen35_vl:
+        return out
     out |= {
         "TILELANG_CACHE_DIR": str(kernels / "tilelang"),
-        "TRITON_CACHE_DIR": str(kernels / "triton"),
         "TRITON_CACHE_AUTOTUNING": "1",  # FLA autotunes its Triton kernels; keep the choices with the kernels
-        "TORCHINDUCTOR_CACHE_DIR": str(kernels / "inductor"),  # Megatron's GDN helpers are torch.compile'd
     }
     if run.hardware.sm_major == 9:
         out["FLA_TILELANG"] = "1"

@@ -1,5 +1,8 @@
 """`vlmtrain tune`: compose the base, run the staged search (vlmtrain.lab.tune.search) in the tune dir, write the winner
-as a preset and the report; `--results` appends the search's row (winner, GPU minutes, tune_vs_hand)."""
+as a preset and the report; `--results` appends the search's row (winner, GPU minutes, tune_vs_hand, where the GPU
+time went). The hand side of the comparison is, unless `--versus` names one, the shipped preset of the base's model,
+data, hardware and world (never one a search wrote). Every trial caches its data scan, processor, bins and compiled
+kernels in one dir (`--cache-dir`, default `<tune dir>/cache`), which travels with the search's state."""
 
 from __future__ import annotations
 
@@ -8,12 +11,15 @@ import hashlib
 import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
 from vlmtrain.config.compose import CONF_DIR
 from vlmtrain.lab import store
 
 PAUSED = 3
 """Exit status of an invocation that hit --max-wall-min: run the same command again to resume."""
+FOUND_BY = "Found by `vlmtrain tune"
+"""How the notes of a preset a search wrote begin: such a preset is never the default hand side."""
 
 
 def split(overrides: list[str]) -> tuple[list[str], list[str]]:
@@ -25,6 +31,55 @@ def split(overrides: list[str]) -> tuple[list[str], list[str]]:
 
 def default_name(base: list[str]) -> str:
     return "tune_" + hashlib.sha1(" ".join(base).encode()).hexdigest()[:8]
+
+
+def shipped_preset(base: list[str], node_gpus: int) -> str | None:
+    """The one shipped preset (conf/experiment/, not written by a search) whose model, data, hardware and world
+    (space.problem) are the base's; None where none or several are."""
+    from vlmtrain.lab.tune import space
+
+    want = space.problem(base, node_gpus)
+    found = [p.stem for p in sorted((CONF_DIR / "experiment").glob("*.yaml")) if FOUND_BY not in p.read_text()
+             and space.problem([f"experiment={p.stem}"], node_gpus) == want]
+    return found[0] if len(found) == 1 else None
+
+
+def hand_side(versus: str | None, base: list[str], name: str, node_gpus: int) -> list[str] | None:
+    """The comparison's hand-found overrides: `--versus` (none: no comparison), else the base's shipped preset."""
+    if versus is not None:
+        hand = [] if versus == "none" else shlex.split(versus)
+        if f"experiment={name}" in hand:
+            raise ValueError(f"--versus experiment={name} is the preset this search writes: its own winner, not a "
+                             "hand-found configuration")
+        return hand or None
+    preset = shipped_preset(base, node_gpus)
+    return [f"experiment={preset}"] if preset else None
+
+
+def cache_overrides(base: list[str], cache_dir: Path) -> list[str]:
+    """Every trial's data.cache_dir (its data scan, processor, lengths, bins and, through kernels.cache_root, its
+    compiled kernels): one dir for the whole search, so only its first trial pays for them, and a resume on a fresh
+    machine that has the tune dir starts warm; none where the base sets data.cache_dir."""
+    if any(o.startswith("data.cache_dir=") for o in base):
+        return []
+    return [f"data.cache_dir={cache_dir.expanduser().absolute()}"]
+
+
+def result_row(state: dict[str, Any], base: list[str], versus: list[str] | None) -> dict[str, Any]:
+    """The search's results row (store.append's metrics and fields): the winner, tune_vs_hand (null without a
+    comparison), the GPU minutes and where every trial's went (trials.spend, the comparison's included as in
+    gpu_min_with_comparison), the trial count; the base it started from and the hand side's overrides beside the
+    winner's configuration."""
+    from vlmtrain.lab.tune import outputs, trials
+
+    useful, what = outputs.winner_figure(state)
+    v = state.get("versus") or {}
+    metrics = {"winner_useful_tokens_per_s_per_gpu": useful, "tune_vs_hand": None, **v,
+               "gpu_min": state["search_gpu_min"], "gpu_min_with_comparison": state["gpu_min"],
+               "trials": len(state["trials"]), "pruned": sum(len(st["pruned"]) for st in state["stages"]),
+               **trials.spend(t["outcome"] for t in state["trials"].values())}
+    return {"metrics": metrics, "base": base, "versus": versus, "config": [*base, *state["winner"]["overrides"]],
+            "winner_figure": what}
 
 
 def main(args: argparse.Namespace) -> int:
@@ -50,10 +105,21 @@ def main(args: argparse.Namespace) -> int:
         print("vlmtrain tune: no GPU on this machine: add --plan for the candidate space, or run on a GPU node "
               "(or with hydra/launcher=slurm)", file=sys.stderr)
         return 2
-    versus = shlex.split(args.versus) if args.versus else None
+    if args.results and any(o.startswith("experiment=") for o in sp.base):
+        print("vlmtrain tune: a --results row measures a search from the model, data, hardware and world alone: "
+              "give those, not an experiment preset (compare against one with --versus)", file=sys.stderr)
+        return 2
+    try:
+        versus = hand_side(args.versus, sp.base, name, node_gpus)
+    except ValueError as e:
+        print(f"vlmtrain tune: {e}", file=sys.stderr)
+        return 2
+    print(f"[tune] hand side: {' '.join(versus) if versus else 'none (no comparison)'}", flush=True)
+    cache = cache_overrides(sp.base, args.cache_dir or out / "cache")
     s = search.Search(sp, out, name, trials.sweep_process, node_gpus, gpus,
                       budget_gpu_s=args.budget_gpu_min * 60 if args.budget_gpu_min else None,
-                      max_wall_s=args.max_wall_min * 60 if args.max_wall_min else None, extra=launcher, versus=versus)
+                      max_wall_s=args.max_wall_min * 60 if args.max_wall_min else None, extra=[*launcher, *cache],
+                      versus=versus)
     if args.plan:
         s.max_wall_s = 0.0  # prune every stage's candidates from the defaults, run nothing
     command = "vlmtrain tune " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["tune"] else args.overrides)
@@ -69,13 +135,9 @@ def main(args: argparse.Namespace) -> int:
     paths = outputs.write(state, out, command, preset)
     print(f"[tune] report: {paths['md']}" + (f"; preset: {preset}" if preset else ""), flush=True)
     if args.results and winner and preset:
-        v = state.get("versus") or {}
-        store.append(args.results, f"tune_{name}", command, {
-            "winner_useful_tokens_per_s_per_gpu": useful, **v, "gpu_min": state["search_gpu_min"],
-            "gpu_min_with_comparison": state["gpu_min"], "trials": len(state["trials"]),
-            "pruned": sum(len(st["pruned"]) for st in state["stages"])},
-            config=[*sp.base, *winner["overrides"]], winner_figure=what, versus=versus, preset=str(preset),
-            tune_dir=str(out))
+        row = result_row(state, sp.base, versus)
+        store.append(args.results, f"tune_{name}", command, row.pop("metrics"), **row, preset=str(preset),
+                     tune_dir=str(out))
     if args.plan:
         return 0
     if state.get("stopped"):
@@ -96,7 +158,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     tune.add_argument("--dir", type=Path, help="tune dir (default: outputs/tune/<name>): state.json, trials, report")
     tune.add_argument("--preset-dir", type=Path, help="where the winner's preset goes (default: conf/experiment)")
     tune.add_argument("--versus", help="a hand-found configuration's overrides (one quoted string): measured against "
-                      "the winner in A/B pairs on the same machine (tune_vs_hand)")
+                      "the winner in A/B pairs on the same machine (tune_vs_hand); default: the shipped preset of the "
+                      "base's model, data, hardware and world (conf/experiment/, none written by a search); none: no "
+                      "comparison")
+    tune.add_argument("--cache-dir", type=Path, help="data.cache_dir of every trial: the data scan, processor, bins "
+                      "and compiled kernels, shared by the trials and kept with the search (default: <tune dir>/cache;"
+                      " a base data.cache_dir=... wins)")
     tune.add_argument("--results", type=Path, help="append the search's row (winner, gpu_min, tune_vs_hand) here")
     tune.add_argument("--plan", action="store_true", help="prune the first stage's candidates and stop (no GPU)")
     tune.set_defaults(func=main)

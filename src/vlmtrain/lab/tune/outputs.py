@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from vlmtrain.config.groups import CHOSEN
+from vlmtrain.lab.tune import trials
 
 SKIPPED_KEYS = ("train.iterations", "dry_run", "wandb.group", "hydra.")
 """Overrides of a trial that are not the configuration (the trial's length, its W&B group, launcher settings)."""
@@ -76,6 +77,7 @@ def trial_rows(state: dict[str, Any]) -> list[dict[str, Any]]:
                      "repeat": t["repeat"], "status": o["status"], "useful_tokens_per_s_per_gpu":
                      m.get("useful_tokens_per_s_per_gpu"), "mfu": m.get("mfu"), "step_s": m.get("step_s"),
                      "peak_mem_gib": m.get("peak_mem_gib"), "steps": m.get("steps"), "wall_s": o["wall_s"],
+                     "startup_s": trials.startup_s(m), "measured_steps_s": m.get("measured_steps_s"),
                      "gpu_s": o["wall_s"] * o["gpus"], "reason": o["reason"], "overrides": " ".join(t["overrides"])})
     return rows
 
@@ -99,6 +101,23 @@ def _pruned(state: dict[str, Any]) -> list[str]:
         for p in s["pruned"]:
             why = "; ".join(f for f in p["findings"] if f.startswith("[error]"))
             lines.append(f"| {s['name']} | {p['name']} | {why.replace('|', '/')} |")
+    return lines
+
+
+def _spend(state: dict[str, Any]) -> list[str]:
+    """Where the GPU time went: startup (launcher, rank setup, first step: vlmtrain.observe.startup), the warm-up and
+    measured steps, the rest; the median trial's startup against its measured steps."""
+    sp = trials.spend(t["outcome"] for t in state["trials"].values())
+    total = sum(sp[f"{k.removesuffix('_s')}_gpu_min"] for k in (*trials.PARTS, "other_s"))
+    lines = ["## Where the GPU time went", "", "| part | GPU-min | share |", "|---|---|---|"]
+    for k in (*trials.PARTS, "other_s"):
+        v = sp[f"{k.removesuffix('_s')}_gpu_min"]
+        share = _num(v / total if total else None, ".0%")
+        lines.append(f"| {k.removesuffix('_s').replace('_', ' ')} | {v:.1f} | {share} |")
+    lines += ["", f"Startup (launcher + rank setup + first step): {sp['startup_gpu_min']:.1f} GPU-min "
+              f"({_num(sp['startup_share'], '.0%')}), {_num(sp['startup_s_median'])} s in the median trial; measured "
+              f"steps {_num(sp['measured_share'], '.0%')}, {_num(sp['measured_steps_s_median'])} s in the median "
+              "trial."]
     return lines
 
 
@@ -126,12 +145,13 @@ def render(state: dict[str, Any], command: str, preset: Path | None) -> str:
         lines.append(f"| {f['name']} | {_num(f['screen'])} | {', '.join(_num(x) for x in f.get('repeats') or [])} | "
                      f"{_num(f.get('median'))} |")
     lines += ["", "## Trials", "", "| trial | stage | status | useful tok/s/GPU | MFU | step_s | peak GiB | GPU-s | "
-              "reason |", "|---|---|---|---|---|---|---|---|---|"]
+              "startup s | measured s | reason |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in trial_rows(state):
         lines.append(f"| {r['trial']} | {r['stage']} | {r['status']} | {_num(r['useful_tokens_per_s_per_gpu'])} | "
                      f"{_num(r['mfu'], '.1%')} | {_num(r['step_s'], '.2f')} | {_num(r['peak_mem_gib'])} | "
-                     f"{r['gpu_s']:.0f} | {r['reason']} |")
-    lines += ["", *_pruned(state), "", f"Plots: {STAGE_PLOT}, memory_vs_throughput.png, throughput_vs_mbs.png."]
+                     f"{r['gpu_s']:.0f} | {_num(r['startup_s'])} | {_num(r['measured_steps_s'])} | {r['reason']} |")
+    lines += ["", *_spend(state), "", *_pruned(state), "",
+              f"Plots: {STAGE_PLOT}, memory_vs_throughput.png, throughput_vs_mbs.png."]
     return "\n".join(lines) + "\n"
 
 

@@ -143,8 +143,8 @@ class Search:
         record["pruned"] = [{"name": c.name, "findings": c.findings} for c in cands if c.pruned]
         live = [c for c in cands if not c.pruned]
         record["candidates"] = len(cands)
-        if not live:
-            record["skipped"] = "preflight pruned every candidate"
+        if not live:  # none: an `around` stage on unpacked survivors
+            record["skipped"] = "preflight pruned every candidate" if cands else "no candidate for these survivors"
             return parents, incumbent
         if len(live) == 1 and stage is not self.spec.stages[-1]:
             record["skipped"] = f"one candidate ({live[0].name}): passed on, measured by the next stage"

@@ -5,7 +5,9 @@ divide: `dp` is data parallelism alone (Megatron's DDP with the distributed opti
 `3d-ep1`, so the 3D stage does not run it again), the layout with nothing to tune beside FSDP's; EP divides the
 experts and the ranks of a stage, TP the GPUs of a node, PP the decoder layers, VPP a stage's layers; ETP only at
 ETP = TP, and preflight's `etp_while_ep_fits` then refuses it where EP alone is enough (the guidance: ETP only when
-EP is not enough). A packed candidate (data.packing=<capacity>, MBS 1) trains GBS in rows (`packed_rows`). Each
+EP is not enough). A knob's `{around: [d, ...]}` is the parent's value plus each d (the capacity's finer steps near
+the memory limit, once the stages before have changed what a row costs); a parent whose value is not a number gets
+none. A packed candidate (data.packing=<capacity>, MBS 1) trains GBS in rows (`packed_rows`). Each
 candidate is composed as train.py would, placed on the world it will run on and checked by preflight (its memory
 estimate, which reads the capacity, included): a candidate with an error finding is pruned, its findings kept as why.
 """
@@ -28,6 +30,9 @@ LAYOUT_KINDS = ("fsdp", "dp", "3d")
 FLEX = ("hybridep", "deepep")
 """Dispatchers through DeepEP's package (built for the GPU, not on PyPI): pruned where it is not installed."""
 MAX_TP, MAX_PP, VPP = 8, 8, 2
+PROBLEM = ("model", "model.num_layers", "hardware", "data", "vision", "train.seq_length", "gpus_per_node", "nodes")
+"""What a search is given, not what it searches: the model and its depth, the data, the hardware, which towers train,
+the sequence length and the world (and GBS in samples, which a packed candidate turns into rows)."""
 
 
 def _divisors(n: int, limit: int | None = None) -> list[int]:
@@ -59,6 +64,18 @@ def layouts(kind: str, world_size: int, gpus_per_node: int, num_experts: int, nu
     return out
 
 
+@dataclass(frozen=True)
+class Around:
+    """A stage's values relative to each parent's: its value plus each delta."""
+
+    deltas: tuple[int, ...]
+
+    def values(self, parent: Any) -> list[int]:
+        if not isinstance(parent, int) or isinstance(parent, bool):
+            return []
+        return [parent + d for d in self.deltas]
+
+
 @dataclass
 class Candidate:
     values: dict[str, Any]
@@ -71,12 +88,16 @@ class Candidate:
     pruned: bool = False
 
 
-def stage_values(stage: Stage, run: RunConfig, world_size: int, gpus_per_node: int) -> list[dict[str, list[Any]]]:
-    """Each grid's knobs and their values; `layout: fsdp|3d` expanded for this world and model."""
-    out = []
+def stage_values(stage: Stage, run: RunConfig, world_size: int, gpus_per_node: int) -> list[dict[str, Any]]:
+    """Each grid's knobs and their values; `layout: fsdp|3d` expanded for this world and model, `{around: [...]}`
+    an Around."""
+    out: list[dict[str, Any]] = []
     for grid in stage.grids:
-        varied = {}
+        varied: dict[str, Any] = {}
         for knob, values in grid.items():
+            if isinstance(values, dict):
+                varied[knob] = Around(tuple(int(d) for d in values["around"]))
+                continue
             values = list(values) if isinstance(values, list) else [values]
             if knob == "layout":
                 values = [n for v in values for n in (layouts(v, world_size, gpus_per_node, run.model.num_experts,
@@ -86,11 +107,12 @@ def stage_values(stage: Stage, run: RunConfig, world_size: int, gpus_per_node: i
     return out
 
 
-def candidates(spec: Spec, parents: list[dict[str, Any]], grids: list[dict[str, list[Any]]]) -> list[Candidate]:
+def candidates(spec: Spec, parents: list[dict[str, Any]], grids: list[dict[str, Any]]) -> list[Candidate]:
     """Every parent (a survivor of the last stage) with every combination of each grid's values, once each."""
     seen: dict[str, Candidate] = {}
     for parent in parents:
-        for i, varied in enumerate(grids):
+        for i, grid in enumerate(grids):
+            varied = {k: v.values(parent.get(k)) if isinstance(v, Around) else v for k, v in grid.items()}
             for combo in itertools.product(*varied.values()):
                 case = spec.case({**parent, **dict(zip(varied, combo, strict=True))})
                 seen.setdefault(case.name, Candidate(case.values, case.name, case.overrides, i))
@@ -162,6 +184,19 @@ def prune(spec: Spec, cands: list[Candidate], node_gpus: int) -> list[Candidate]
         c.findings = check([*spec.base, *c.overrides], node_gpus)
         c.pruned = any(f.startswith("[error]") for f in c.findings)
     return cands
+
+
+def problem(overrides: list[str], node_gpus: int) -> dict[str, Any]:
+    """The PROBLEM a composed run poses: its group options, field values and world size."""
+    from omegaconf import OmegaConf
+
+    from vlmtrain.config.groups import CHOSEN
+
+    run, res = placed_resolved(overrides, node_gpus)
+    tree = OmegaConf.structured(run)
+    out = {k: run.choices.get(k) if k in CHOSEN else OmegaConf.select(tree, k) for k in PROBLEM
+           if k not in ("gpus_per_node", "nodes")}
+    return {**out, "world_size": res.layout.world_size}
 
 
 def layout_name(run: RunConfig, res: Resolved) -> str:
