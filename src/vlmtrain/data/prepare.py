@@ -204,9 +204,8 @@ def _hold_out(run: RunConfig, report: Report | None, prepared: Prepared) -> Repo
             train, val = validation.split_jsonl(Path(report.output), d.validation_fraction, cache / "validation")
             prepared.hf_source, prepared.validation = _json_source(train), _json_source(val)
         else:
-            prepared.hf_source, prepared.validation = validation.split_rows(prepared.hf_source,
-                                                                            d.validation_fraction,
-                                                                            cache / "validation")
+            prepared.hf_source, prepared.validation = validation.split_rows(
+                prepared.hf_source, d.validation_fraction, cache / "validation", report.files)
         return None
     if d.kind == Kind.jsonl:
         held = jsonl.scan(Path(d.validation), d.image_dir, cache, seq)

@@ -40,8 +40,8 @@ def held_out(n: int, fraction: float) -> list[int]:
 def split_jsonl(path: Path, fraction: float, out_dir: Path) -> tuple[Path, Path]:
     """(training copy, held-out copy) of a checked JSONL copy, each row's sample_index its row in its own copy."""
     lines = [ln for ln in Path(path).read_text().splitlines() if ln.strip()]
-    key = identity_key({"path": str(path), "size": Path(path).stat().st_size, "lines": len(lines),
-                        "fraction": fraction})
+    st = Path(path).stat()
+    key = identity_key({"path": str(path), "stamp": [st.st_size, st.st_mtime_ns], "fraction": fraction})
     train, val = out_dir / f"{Path(path).stem}-train-{key}.jsonl", out_dir / f"{Path(path).stem}-val-{key}.jsonl"
     if train.is_file() and val.is_file():
         return train, val
@@ -55,11 +55,13 @@ def split_jsonl(path: Path, fraction: float, out_dir: Path) -> tuple[Path, Path]
     return train, val
 
 
-def split_rows(src: dict[str, Any], fraction: float, out_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(training, held-out) sources: parquet copies of an HF source's rows (parquet, hf), written once."""
+def split_rows(src: dict[str, Any], fraction: float, out_dir: Path,
+               files: dict[str, list[int]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(training, held-out) sources: parquet copies of an HF source's rows (parquet, hf), written once per source,
+    fraction and state of the `files` it was scanned from (a scan report's files: path -> [size, mtime])."""
     from vlmtrain.data import hf
 
-    key = identity_key({"source": src, "fraction": fraction, "files": _stamps(src)})
+    key = identity_key({"source": src, "fraction": fraction, "files": files})
     paths = out_dir / f"train-{key}.parquet", out_dir / f"val-{key}.parquet"
     r = hf.resolved(src)
     if not all(p.is_file() for p in paths):
@@ -73,16 +75,6 @@ def split_rows(src: dict[str, Any], fraction: float, out_dir: Path) -> tuple[dic
     return tuple({"path_or_dataset": "parquet", "split": "train", "load_kwargs": {"data_files": {"train": [str(p)]}},
                   "schema_adapter": r.get("schema_adapter"), "adapter_kwargs": r.get("adapter_kwargs")}
                  for p in paths)  # type: ignore[return-value]
-
-
-def _stamps(src: dict[str, Any]) -> dict[str, list[int]]:
-    """(size, mtime) of the source's local data files: a changed file gives a new split."""
-    out = {}
-    for files in ((src.get("load_kwargs") or {}).get("data_files") or {}).values():
-        for f in [files] if isinstance(files, str) else files:
-            st = Path(f).stat()
-            out[str(f)] = [st.st_size, st.st_mtime_ns]
-    return out
 
 
 def split_of(path: str, split: str) -> str:
