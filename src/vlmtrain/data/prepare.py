@@ -235,8 +235,7 @@ def _fit_held_out(run: RunConfig, res: Resolved, report: Report, prepared: Prepa
         prepared.validation_bins = _bins(run, res, report, prepared.validation)
         prepared.validation_samples = len(prepared.validation_bins.lengths)
         validation.require_batch(len(prepared.validation_bins.bins), batch,
-                                 f"the held-out set packed into data.packing={res.packing_capacity} rows "
-                                 f"({len(prepared.validation_bins.bins)} rows)")
+                                 f"the held-out set packed into data.packing={res.packing_capacity} rows", "rows")
         return
     _fit(run, report, prepared.validation)
     lengths, _ = bins.sample_lengths(cache_dir(run), _length_identity(report, prepared.validation),

@@ -83,10 +83,11 @@ def split_of(path: str, split: str) -> str:
     return "validation" if (local / "dataset_dict.json").is_file() and (local / "validation").is_dir() else split
 
 
-def require_batch(samples: int, batch: int, what: str) -> None:
-    """Refuse a validation set that cannot fill one evaluation batch (its samples would repeat inside it)."""
+def require_batch(samples: int, batch: int, what: str, unit: str = "samples") -> None:
+    """Refuse a validation set that cannot fill one evaluation batch (its samples would repeat inside it);
+    `unit`: what a batch counts (samples, or packed rows)."""
     if samples < batch:
-        raise BadSample(f"{what} holds {samples} samples, fewer than one evaluation batch of {batch} "
+        raise BadSample(f"{what} holds {samples} {unit}, fewer than one evaluation batch of {batch} "
                         "(validation.eval_global_batch_size, default train.global_batch_size). Hold out more "
                         "(a larger data.validation_fraction or data.validation file), or evaluate smaller batches "
                         f"with +bridge.validation.eval_global_batch_size=<at most {samples}, a multiple of "
