@@ -155,6 +155,11 @@ def test_packed_validation_has_its_own_bins(bridge, compose, cache: Path, tmp_pa
     held = {i for b in json.loads(Path(ds.validation_bins_file).read_text())["bins"] for i in b}
     assert len(held) == 8 and len(valid.examples) == 8 and len(train.examples) == 8
     assert not {e["id"] for e in valid.examples} & {e["id"] for e in train.examples}
+    # a packed evaluation batch counts rows: the 8 held-out photos make 5 rows of <= 1024 tokens, fewer than 8
+    run = compose("data=sample", "data.validation_fraction=0.5", "data.packing=1024", *EVAL, "gpus_per_node=1",
+                  f"data.cache_dir={cache}", output_dir=str(tmp_path / "few"))
+    with pytest.raises(BadSample, match="holds 5 rows, fewer than one evaluation batch of 8"):
+        container.build(run, resolve(run))
 
 
 def test_eval_end_puts_the_loss_on_the_evaluated_step_s_row(bridge, compose, cache: Path, tmp_path: Path) -> None:
