@@ -105,6 +105,11 @@ def test_bad_held_out_image_fails_the_build_naming_it(bridge, compose, cache: Pa
         _build(compose, cache, tmp_path / "run", *exported["jsonl"]["overrides"], f"data.validation={held['path']}",
                *EVAL, *ONE_GPU)
     assert bad["image"] in str(failed.value)
+    _build(compose, cache, tmp_path / "skipped", *exported["jsonl"]["overrides"], f"data.validation={held['path']}",
+           "data.skip_bad_images=true", *EVAL, *ONE_GPU)
+    scan = json.loads((tmp_path / "skipped" / "data_scan.json").read_text())
+    assert scan["validation"]["skipped_samples"] == 1 and scan["validation"]["samples"] == 15
+    assert scan["skipped_samples"] == 0  # the training file is whole
 
 
 def test_held_out_set_smaller_than_an_eval_batch_is_refused(bridge, compose, cache: Path, tmp_path: Path,

@@ -76,6 +76,8 @@ class Prepared:
     """With packing and validation: the bins of the held-out samples."""
     validation_samples: int = 0
     """Held-out samples Bridge evaluates on (energon: its `val` split's good samples)."""
+    validation_skipped: int = 0
+    """Held-out samples dropped for bad images (data.skip_bad_images; a fraction's are in the training count)."""
 
     def packed_dataset(self) -> Any:
         """The data group's factory for a packed run: Bridge dataset configs bound to these bins (and the held-out
@@ -155,10 +157,13 @@ def prepare(run: RunConfig, res: Resolved) -> Prepared:
                 prepared = Prepared(report, {"path_or_dataset": "json", "split": "train",
                                              "load_kwargs": {"data_files": {"train": report.output}}})
             elif d.kind == Kind.energon:
-                held = _energon_val(run, report) if validating(run) else None
+                held = _energon_val(run) if validating(run) else None
                 bad = report.bad_refs | (held.bad_refs if held else set())
                 prepared = Prepared(report, energon_kwargs=energon.excluding(Path(d.path), bad, cache_dir(run))
-                                    if bad else {}, validation_samples=held.samples - len(held.bad) if held else 0)
+                                    if bad else {})
+                if held:
+                    prepared.validation_samples, prepared.validation_skipped = held.samples - len(held.bad), \
+                        len(held.bad)
             else:
                 src = _hf_source(run)
                 prepared = Prepared(report, hf.without_bad(str(d.kind), src, report, cache_dir(run))
@@ -176,7 +181,7 @@ def prepare(run: RunConfig, res: Resolved) -> Prepared:
     return prepared
 
 
-def _energon_val(run: RunConfig, train: Report) -> Report:
+def _energon_val(run: RunConfig) -> Report:
     """The scan of an Energon dataset's own `val` split (data.validation=val), enforced like the training split's;
     Bridge's data module reads it with the training micro-batch size."""
     from vlmtrain.data import energon
@@ -210,13 +215,14 @@ def _hold_out(run: RunConfig, report: Report | None, prepared: Prepared) -> Repo
     if d.kind == Kind.jsonl:
         held = jsonl.scan(Path(d.validation), d.image_dir, cache, seq)
         held.enforce(d.skip_bad_images)
-        prepared.validation = _json_source(Path(held.output))
+        prepared.validation, prepared.validation_skipped = _json_source(Path(held.output)), len(held.bad)
         return held
     src = hf.source(str(d.kind), str(Path(d.validation).expanduser()), validation.split_of(d.validation, d.split),
                     d.schema_adapter, d.prompt)
     held = hf.scan(str(d.kind), str(Path(d.validation).expanduser()), src, cache, seq)
     held.enforce(d.skip_bad_images)
     prepared.validation = hf.without_bad(str(d.kind), src, held, cache) if held.bad else src
+    prepared.validation_skipped = len(held.bad)
     return held
 
 
@@ -308,8 +314,9 @@ def _record(run: RunConfig, report: Report | None, packed: Bins | None = None,
         summary.update(truncated_samples=truncated["samples"], truncated_tokens=truncated["tokens"])
     if prepared is not None and validating(run):  # what the run evaluates on; energon: its `val` split
         d = run.data
-        summary["validation"] = {"samples": prepared.validation_samples, "fraction": d.validation_fraction,
-                                 "path": d.validation, "source": prepared.validation or {"energon_split": "val"}}
+        summary["validation"] = {"samples": prepared.validation_samples, "skipped_samples": prepared.validation_skipped,
+                                 "fraction": d.validation_fraction, "path": d.validation,
+                                 "source": prepared.validation or {"energon_split": "val"}}
         if prepared.validation_bins is not None:
             summary["validation"]["bins"] = len(prepared.validation_bins.bins)
     tmp = out / f".{SCAN_FILE}.{os.getpid()}"
