@@ -192,7 +192,7 @@ class MetricsCallback(Callback):
     def on_train_step_start(self, context: Any) -> None:
         import torch
 
-        self._write_held()  # an evaluation that reported nothing (none on this rank's stage)
+        self._write_held()  # an evaluation cut short (Bridge's exit_duration_in_mins) fires no on_eval_end
         torch.cuda.synchronize()
         self.t0 = time.perf_counter()
         self.timer.start()
