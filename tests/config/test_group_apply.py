@@ -86,7 +86,7 @@ SWAPS = [
     ("precision", ["precision=bf16"], ["precision=fp8", "precision.scaling=blockwise", "precision.router_dtype=fp64",
                                                  "precision.precision_aware_optimizer=true"]),
     ("train", [], ["train.micro_batch_size=2", "train.iterations=7", "train.save_interval=5", "train.profile_step=3",
-                   "train.on_nonfinite=skip"]),
+                   "train.on_nonfinite=skip", "train.eval_interval=5", "train.eval_iters=2"]),
     ("model", ["model=tiny"], ["model=qwen3_vl_30b_a3b", "model.num_layers=4"]),
     ("data", ["data=mock"], ["data=sample"]),
     ("hardware", ["hardware=h200"], ["hardware=b200"]),

@@ -237,7 +237,15 @@ TABLE: list[tuple[list[str], dict[str, object]]] = [
         },
     ),
     (["data=mock"], {"dataset.num_images": 1, "dataset.image_size": (256, 256)}),
-    (["data=sample"], {"dataset.source.path_or_dataset": "json", "dataset.hf_processor_path": "<processor>"}),
+    (["data=sample"], {"dataset.source.path_or_dataset": "json", "dataset.hf_processor_path": "<processor>",
+                       "dataset.do_validation": False, "dataset.validation_source": None,
+                       "validation.eval_interval": None, "validation.eval_iters": 0}),
+    (  # half of the 16 photos held out: Bridge's own validation split, evaluated every 5 steps on 2 batches of 8
+        ["data=sample", "data.validation_fraction=0.5", "train.eval_interval=5", "train.eval_iters=2"],
+        {"dataset.do_validation": True, "dataset.validation_source.path_or_dataset": "json",
+         "validation.eval_interval": 5, "validation.eval_iters": 2, "validation.eval_global_batch_size": 8,
+         "validation.eval_micro_batch_size": 1},
+    ),
     (["data=realistic", "data.payload.num_samples=8"], {"dataset.source.path_or_dataset": "json"}),
     (["data=hf", "data.path=cord_v2"], {"dataset.source.dataset_name": "cord_v2"}),
     (

@@ -144,7 +144,7 @@ def test_energon_names_shard_key_and_excludes_through_split_config(exported: dic
     report = energon.scan(Path(m["path"]), cache, seq_length=4096)
     assert [p.ref for p in report.bad] == [b["ref"] for b in m["corrupt"]]
     assert all("train-shard-000000.tar" in p.file and "truncated" in p.reason for p in report.bad)
-    kwargs = energon.excluding(Path(m["path"]), report, cache)
+    kwargs = energon.excluding(Path(m["path"]), report.bad_refs, cache)
     from megatron.energon.epathlib import EPath
     from megatron.energon.flavors.webdataset.metadata import WebdatasetMeta
 

@@ -10,6 +10,8 @@ from vlmtrain.config.resolve import resolve
 
 B30 = ["model=qwen3_vl_30b_a3b"]
 Q35 = ["model=qwen35_vl_35b_a3b", "model.num_layers=4"]
+HALF = ["data.validation_fraction=0.5"]
+ENERGON_VAL = ["data=energon", "data.path=/nonexistent/energon", "data.validation=val", "train.eval_interval=5"]
 # rule -> (overrides that trip it, overrides that pass it)
 CASES: dict[str, tuple[list[str], list[str]]] = {
     "hybridep_topology": (
@@ -107,6 +109,23 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
                                           ["hardware=gb200", "precision=mxfp8", "parallelism=3d"]),
     # a dir with no config.json; real checkpoints that match or differ: tests/unit/test_hf_path.py
     "hf_path_matches_model": (["model.hf_path=/nonexistent/checkpoint"], []),
+    # validation: the 16 sample photos, half held out = 8 = one evaluation batch at train.global_batch_size=8
+    "eval_schedule": ([*HALF, "train.eval_interval=0"], [*HALF, "train.eval_interval=5"]),
+    "eval_interval_needs_validation": (["train.eval_interval=5"], [*HALF, "train.eval_interval=5"]),
+    "validation_needs_eval_interval": (HALF, [*HALF, "train.eval_interval=5"]),
+    "validation_fraction_range": (["data.validation_fraction=1.5", "train.eval_interval=5"],
+                                  [*HALF, "train.eval_interval=5"]),
+    "validation_source_fits_kind": (["data=mock", *HALF, "train.eval_interval=5"], [*HALF, "train.eval_interval=5"]),
+    "validation_path_exists": (
+        ["data=jsonl", f"data.path={__file__}", "data.validation=/nonexistent/val.jsonl", "train.eval_interval=5"],
+        ["data=jsonl", f"data.path={__file__}", f"data.validation={__file__}", "train.eval_interval=5"],
+    ),
+    "validation_fills_eval_batch": (["data.validation_fraction=0.25", "train.eval_interval=5"],
+                                    [*HALF, "train.eval_interval=5"]),
+    "energon_eval_micro_batch": (
+        [*ENERGON_VAL, "+bridge.validation.eval_micro_batch_size=2"],
+        [*ENERGON_VAL, "+bridge.validation.eval_micro_batch_size=1"],
+    ),
 }
 
 

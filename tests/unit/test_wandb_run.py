@@ -78,6 +78,10 @@ def bridge_cfg(run: RunConfig) -> Any:
     return container.build(run, resolve(run))
 
 
+EVALUATED, VAL_LOSS = 3, 3.5
+"""The row an evaluation follows in the logged run, and its loss (the test's value: the GPU case did not evaluate)."""
+
+
 def fixture_rows(bridge_cfg: Any) -> list[dict[str, Any]]:
     """The GPU case's metrics.jsonl rows plus Bridge's numbers for them, as metrics_callback computes them: the
     FLOPs stats Bridge accumulates for samples padded to seq_length (EP=2 pads) and the step's ViT patches."""
@@ -102,9 +106,14 @@ def logged(run: RunConfig, bridge_cfg: Any) -> tuple[list[dict[str, Any]], Path]
     wb = wandb_run.init(run, bridge_cfg)
     wandb_run.hand_to_bridge(state, wb)
     rows = fixture_rows(bridge_cfg)
+    rows[EVALUATED]["val_lm_loss"] = VAL_LOSS
     for row in rows:
-        wandb_run.log_row(wb, row)
+        if "val_lm_loss" not in row:
+            wandb_run.log_row(wb, row)
         state.wandb_logger.log({"lm loss": row["lm_loss"]}, row["step"] + 1)
+        if "val_lm_loss" in row:  # held until on_eval_end, which comes before evaluate_and_print_results logs
+            wandb_run.log_row(wb, row)
+            state.wandb_logger.log({"lm loss validation": row["val_lm_loss"]}, row["step"] + 1)
     wandb_run.summarize(wb, {"checks": json.loads((CASE / "checks.json").read_text())})
     state.wandb_logger.finish()
     return rows, Path(run.output_dir)
@@ -185,6 +194,15 @@ def test_bridge_metrics_share_the_history_row_of_their_step(logged: tuple[list[d
         assert rows[row["step"] + 1]["lm loss"] == pytest.approx(row["lm_loss"])
         assert rows[row["step"] + 1]["step"] == row["step"]
     assert read_back["summary"]["checks"]["frozen_unchanged"] is True
+
+
+def test_validation_loss_shares_the_history_row_of_its_step(logged: tuple[list[dict[str, Any]], Path],
+                                                            read_back: dict[str, Any]) -> None:
+    """val_lm_loss (metrics_callback's, on the evaluated step's row) and Bridge's own `lm loss validation` land at
+    Bridge's iteration number of that step."""
+    step = logged[0][EVALUATED]["step"] + 1
+    assert series(read_back["history"], "val_lm_loss") == {step: VAL_LOSS}
+    assert series(read_back["history"], "lm loss validation") == {step: VAL_LOSS}
 
 
 def test_megatron_numbers_reproduce_bridges_printed_tflops(logged: tuple[list[dict[str, Any]], Path]) -> None:

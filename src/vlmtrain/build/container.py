@@ -44,7 +44,7 @@ def base_container(provider: Any) -> ConfigContainer:
         train=TrainingConfig(
             train_iters=1, global_batch_size=1, micro_batch_size=1, manual_gc=True, manual_gc_interval=100
         ),
-        validation=ValidationConfig(eval_interval=None, eval_iters=0),
+        validation=ValidationConfig(eval_interval=None, eval_iters=0),  # the train group: train.eval_interval
         optimizer=OptimizerConfig(
             optimizer="adam",
             lr=1e-4,
@@ -110,7 +110,8 @@ def build(run: RunConfig, res: Resolved) -> ConfigContainer:
         if group is not data:
             group.apply(run, res, cfg)
     prepared = prepare.prepare(run, res)  # the data scan: a cache hit where the launcher scanned before torchrun
-    data.apply(run, res, cfg, proc, prepared.hf_source, prepared.energon_kwargs, prepared.packed_dataset())
+    data.apply(run, res, cfg, proc, prepared.hf_source, prepared.energon_kwargs, prepared.packed_dataset(),
+               prepared.validation)
     overrides = bridge_overrides(run)
     if overrides:
         from megatron.bridge.training.utils.omegaconf_utils import process_config_with_overrides

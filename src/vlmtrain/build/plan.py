@@ -42,6 +42,16 @@ def field_value(cfg: Any, path: str) -> Any:
     return obj
 
 
+def validation_text(run: RunConfig) -> str:
+    """The held-out source and the evaluation schedule, when the run validates."""
+    d, t = run.data, run.train
+    if d.validation is None and d.validation_fraction is None:
+        return ""
+    held = f"data.validation={d.validation}" if d.validation is not None else \
+        f"data.validation_fraction={d.validation_fraction}"
+    return f"  validation: {held}, every {t.eval_interval} steps x {t.eval_iters} batches"
+
+
 def layout_line(res: Resolved) -> str:
     lay = res.layout
     return (f"{lay.nodes} node(s) x {lay.gpus_per_node} GPUs = {lay.world_size} | TP {lay.tp}  PP {lay.pp}  "
@@ -67,7 +77,7 @@ def render(run: RunConfig, res: Resolved, cfg: ConfigContainer | None, findings:
         f"data:     {run.data.kind}" + ("  (MOCK: not a performance run)" if run.data.kind == "mock" else "")
         + (f"  packed: 1 row of <= {res.packing_capacity} tokens per micro-batch"
            f"{' (static: padded to it)' if res.packing_static else ''}, GBS counts rows" if res.packing_capacity
-           else ""),
+           else "") + validation_text(run),
         "env:      " + " ".join(f"{k}={v}" for k, v in sorted(res.env_vars.items())),
     ]
     vit = run.precision.vision if precision.quantized(run) else "bf16"

@@ -90,15 +90,26 @@ class PackedBinsDatasetConfig(DatasetProvider):
     """Each sample's segment in the row is padded to a multiple of this (CP/SP, quantized GEMMs)."""
     skip_getting_attention_mask_from_dataset: bool = True
     dataloader_type: str | None = "cyclic"
+    validation_source: HFDatasetSourceConfig | None = None
+    """The held-out samples (data.validation, data.validation_fraction), binned into validation_bins_file."""
+    validation_bins_file: str | None = None
 
-    def build_datasets(self, context: DatasetBuildContext) -> tuple[BinDataset | None, None, None]:
-        bins = Bins.load(self.bins_file)
+    def build_datasets(self, context: DatasetBuildContext) -> tuple[BinDataset | None, BinDataset | None, None]:
+        processor = load_processor(self.hf_processor_path)
+        train = self._split(self.source, self.bins_file, context.train_samples, processor)
+        valid = self._split(self.validation_source, self.validation_bins_file, context.valid_samples, processor) \
+            if self.validation_source is not None and self.validation_bins_file else None
+        return train, valid, None
+
+    def _split(self, source: HFDatasetSourceConfig, bins_file: str, length: int, processor: Any) -> BinDataset | None:
+        """The dataset of one split's bins (None when Bridge asks for no samples of it)."""
+        if length <= 0:
+            return None
+        bins = Bins.load(bins_file)
         if bins.capacity != self.seq_length:
-            raise ValueError(f"{self.bins_file} holds bins of {bins.capacity} tokens, not {self.seq_length}")
-        examples = bridge_examples(self.source)
+            raise ValueError(f"{bins_file} holds bins of {bins.capacity} tokens, not {self.seq_length}")
+        examples = bridge_examples(source)
         if len(examples) != len(bins.lengths):
-            raise ValueError(f"{self.bins_file} bins {len(bins.lengths)} samples but the source now has "
+            raise ValueError(f"{bins_file} bins {len(bins.lengths)} samples but the source now has "
                              f"{len(examples)}: rerun so vlmtrain.data.prepare bins the data again")
-        train = BinDataset(examples, bins.bins, context.train_samples, load_processor(self.hf_processor_path),
-                           self.seq_length, self.static, self.pack_align) if context.train_samples > 0 else None
-        return train, None, None
+        return BinDataset(examples, bins.bins, length, processor, self.seq_length, self.static, self.pack_align)

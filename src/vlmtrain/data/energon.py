@@ -138,11 +138,12 @@ def scan(root: Path, cache: Path, seq_length: int, split: str = "train") -> Repo
     return cached(cache, {"kind": "energon", "path": str(root), "split": split, "seq_length": seq_length}, run)
 
 
-def excluding(root: Path, report: Report, cache: Path) -> dict[str, Any]:
-    """`EnergonDatasetConfig.dataset_kwargs` that make Energon skip the report's bad samples (see the module)."""
+def excluding(root: Path, bad: Iterable[int | str], cache: Path) -> dict[str, Any]:
+    """`EnergonDatasetConfig.dataset_kwargs` that make Energon skip the `bad` samples (a scan report's bad_refs, of
+    every split the run reads: one exclude list covers them all; see the module)."""
     root = Path(root).expanduser().resolve()
     splits = yaml.safe_load(_split_file(root).read_text())
-    splits["exclude"] = [*splits.get("exclude", []), *sorted(str(ref) for ref in report.bad_refs)]
+    splits["exclude"] = [*splits.get("exclude", []), *sorted(str(ref) for ref in bad)]
     out = cache / "energon" / f"split-{identity_key({'path': str(root), 'splits': splits})}.yaml"
     if not out.is_file():
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -50,7 +50,7 @@ def source(kind: str, path: str, split: str, schema_adapter: str | None, prompt:
     return {"path_or_dataset": path, "split": split, **adapter}
 
 
-def _resolved(src: dict[str, Any]) -> dict[str, Any]:
+def resolved(src: dict[str, Any]) -> dict[str, Any]:
     """A preset's physical source through Bridge's own resolver; other sources are already physical."""
     if "dataset_name" not in src:
         return src
@@ -65,7 +65,7 @@ def load(src: dict[str, Any]) -> Any:
     """The split Bridge's `load_hf_dataset_source` loads: the same `datasets.load_dataset` call."""
     from datasets import load_dataset
 
-    r = _resolved(src)
+    r = resolved(src)
     return load_dataset(r["path_or_dataset"], r.get("subset"), split=r["split"], **(r.get("load_kwargs") or {}))
 
 
@@ -133,7 +133,7 @@ def scan(kind: str, dataset: str, src: dict[str, Any], cache: Path, seq_length: 
 
 def without_bad(kind: str, src: dict[str, Any], report: Report, cache: Path) -> dict[str, Any]:
     """The source of a parquet copy of the split without the report's bad rows (written once per scan)."""
-    r = _resolved(src)
+    r = resolved(src)
     bad = report.bad_refs
     out = cache / kind / f"filtered-{identity_key({'source': src, 'bad': sorted(bad), 'files': report.files})}.parquet"
     if not out.is_file():

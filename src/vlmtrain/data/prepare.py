@@ -5,7 +5,9 @@ Runs on CPU before any GPU work (vlmtrain.data.scan decodes each image): a bad s
 dataset, the sample, the file and the reason, or with `data.skip_bad_images=true` is left out and counted. With
 `data.packing=<capacity>` it also bins the samples Bridge will read (vlmtrain.data.bins): a sample longer than the
 capacity fails here; without packing a sample longer than train.seq_length fails here the same way, unless
-`data.truncate_long_samples=true` (then counted).
+`data.truncate_long_samples=true` (then counted). The held-out samples (data.validation, data.validation_fraction:
+vlmtrain.data.validation) go through the same scan, skipping, length check and binning, and must fill one
+evaluation batch.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vlmtrain.config.groups.data import Kind, cache_dir
+from vlmtrain.config.groups.data import Kind, cache_dir, validating
+from vlmtrain.config.groups.train import eval_global_batch_size
+from vlmtrain.data import validation
 
 if TYPE_CHECKING:
     from vlmtrain.config.resolve import Resolved
@@ -65,14 +69,30 @@ class Prepared:
     """EnergonDatasetConfig.dataset_kwargs (a split config excluding the bad samples, when skipped)."""
     bins: Bins | None = None
     """With data.packing=<capacity>: the bins of hf_source's samples (saved in the cache for the ranks)."""
+    validation: dict[str, Any] | None = None
+    """HFDatasetSourceConfig fields of the held-out samples (data.validation or data.validation_fraction; None
+    without validation and for energon, which reads its own `val` split)."""
+    validation_bins: Bins | None = None
+    """With packing and validation: the bins of the held-out samples."""
+    validation_samples: int = 0
+    """Held-out samples Bridge evaluates on (energon: its `val` split's good samples)."""
+    validation_skipped: int = 0
+    """Held-out samples dropped for bad images (data.skip_bad_images; a fraction's are in the training count)."""
 
     def packed_dataset(self) -> Any:
-        """The data group's factory for a packed run: Bridge dataset configs bound to these bins."""
+        """The data group's factory for a packed run: Bridge dataset configs bound to these bins (and the held-out
+        samples' bins)."""
         import functools
+
+        from megatron.bridge.data.sources.hf import HFDatasetSourceConfig
 
         from vlmtrain.data.bins_dataset import PackedBinsDatasetConfig
 
-        return functools.partial(PackedBinsDatasetConfig, bins_file=self.bins.path) if self.bins else None
+        if not self.bins:
+            return None
+        held_out = {"validation_source": HFDatasetSourceConfig(**self.validation),
+                    "validation_bins_file": self.validation_bins.path} if self.validation_bins else {}
+        return functools.partial(PackedBinsDatasetConfig, bins_file=self.bins.path, **held_out)
 
     @property
     def jsonl(self) -> Path | None:
@@ -137,20 +157,97 @@ def prepare(run: RunConfig, res: Resolved) -> Prepared:
                 prepared = Prepared(report, {"path_or_dataset": "json", "split": "train",
                                              "load_kwargs": {"data_files": {"train": report.output}}})
             elif d.kind == Kind.energon:
-                prepared = Prepared(report, energon_kwargs=energon.excluding(Path(d.path), report, cache_dir(run))
-                                    if report.bad else {})
+                held = _energon_val(run) if validating(run) else None
+                bad = report.bad_refs | (held.bad_refs if held else set())
+                prepared = Prepared(report, energon_kwargs=energon.excluding(Path(d.path), bad, cache_dir(run))
+                                    if bad else {})
+                if held:
+                    prepared.validation_samples, prepared.validation_skipped = held.samples - len(held.bad), \
+                        len(held.bad)
             else:
                 src = _hf_source(run)
                 prepared = Prepared(report, hf.without_bad(str(d.kind), src, report, cache_dir(run))
                                     if report.bad else src)
+        held_report = _hold_out(run, report, prepared) if validating(run) and d.kind != Kind.energon else None
     truncated = None
     if report is not None and prepared.hf_source is not None:  # atomic cache writes: no lock needed
         if res.packing_capacity:
             prepared.bins = _bins(run, res, report, prepared.hf_source)
         else:
             truncated = _fit(run, report, prepared.hf_source)
-    _record(run, report, prepared.bins, truncated)
+    if prepared.validation is not None:
+        _fit_held_out(run, res, held_report or report, prepared)
+    _record(run, report, prepared.bins, truncated, prepared)
     return prepared
+
+
+def _energon_val(run: RunConfig) -> Report:
+    """The scan of an Energon dataset's own `val` split (data.validation=val), enforced like the training split's;
+    Bridge's data module reads it with the training micro-batch size."""
+    from vlmtrain.data import energon
+
+    d = run.data
+    report = energon.scan(Path(d.path), cache_dir(run), run.train.seq_length, split="val")
+    report.enforce(d.skip_bad_images)
+    validation.require_batch(report.samples - len(report.bad), eval_global_batch_size(run),
+                             f"data=energon {d.path} split `val` (data.validation=val)")
+    return report
+
+
+def _hold_out(run: RunConfig, report: Report | None, prepared: Prepared) -> Report | None:
+    """Set prepared.validation (and, for a fraction, narrow prepared.hf_source to the training copy): a split of the
+    scanned training samples, or data.validation scanned like data.path. Returns the held-out file's own report
+    (None for a fraction: the training scan covers it)."""
+    from vlmtrain.data import hf, jsonl
+
+    d, cache, seq = run.data, cache_dir(run), run.train.seq_length
+    if d.validation_fraction is not None:
+        if report is None or prepared.hf_source is None:
+            raise ValueError(f"data.validation_fraction needs samples the scan reads (data={d.kind} "
+                             f"data.path={d.path} is not local); set data.validation=<a local held-out set>.")
+        if report.output:
+            train, val = validation.split_jsonl(Path(report.output), d.validation_fraction, cache / "validation")
+            prepared.hf_source, prepared.validation = _json_source(train), _json_source(val)
+        else:
+            prepared.hf_source, prepared.validation = validation.split_rows(
+                prepared.hf_source, d.validation_fraction, cache / "validation", report.files)
+        return None
+    if d.kind == Kind.jsonl:
+        held = jsonl.scan(Path(d.validation), d.image_dir, cache, seq)
+        held.enforce(d.skip_bad_images)
+        prepared.validation, prepared.validation_skipped = _json_source(Path(held.output)), len(held.bad)
+        return held
+    src = hf.source(str(d.kind), str(Path(d.validation).expanduser()), validation.split_of(d.validation, d.split),
+                    d.schema_adapter, d.prompt)
+    held = hf.scan(str(d.kind), str(Path(d.validation).expanduser()), src, cache, seq)
+    held.enforce(d.skip_bad_images)
+    prepared.validation = hf.without_bad(str(d.kind), src, held, cache) if held.bad else src
+    prepared.validation_skipped = len(held.bad)
+    return held
+
+
+def _json_source(path: Path) -> dict[str, Any]:
+    """HFDatasetSourceConfig fields of a JSONL copy in the data cache."""
+    return {"path_or_dataset": "json", "split": "train", "load_kwargs": {"data_files": {"train": str(path)}}}
+
+
+def _fit_held_out(run: RunConfig, res: Resolved, report: Report, prepared: Prepared) -> None:
+    """The held-out samples' lengths checked (or binned) as the training ones, and one evaluation batch of them
+    (packed: of rows) required."""
+    from vlmtrain.data import bins
+
+    batch = eval_global_batch_size(run)
+    if res.packing_capacity:
+        prepared.validation_bins = _bins(run, res, report, prepared.validation)
+        prepared.validation_samples = len(prepared.validation_bins.lengths)
+        validation.require_batch(len(prepared.validation_bins.bins), batch,
+                                 f"the held-out set packed into data.packing={res.packing_capacity} rows", "rows")
+        return
+    _fit(run, report, prepared.validation)
+    lengths, _ = bins.sample_lengths(cache_dir(run), _length_identity(report, prepared.validation),
+                                     prepared.validation, str(processor_dir(run)))
+    prepared.validation_samples = len(lengths)
+    validation.require_batch(len(lengths), batch, "the held-out set (data.validation / data.validation_fraction)")
 
 
 def _length_identity(report: Report, source: dict[str, Any]) -> dict[str, Any]:
@@ -203,7 +300,7 @@ def _fit(run: RunConfig, report: Report, source: dict[str, Any]) -> dict[str, in
 
 
 def _record(run: RunConfig, report: Report | None, packed: Bins | None = None,
-            truncated: dict[str, int] | None = None) -> None:
+            truncated: dict[str, int] | None = None, prepared: Prepared | None = None) -> None:
     out = Path(run.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     summary: dict[str, Any] = {"kind": str(run.data.kind), "skipped_samples": 0}
@@ -215,6 +312,13 @@ def _record(run: RunConfig, report: Report | None, packed: Bins | None = None,
                               "bin_tokens_min": min(packed.bin_tokens()), "bin_tokens_max": max(packed.bin_tokens())}
     if truncated is not None:
         summary.update(truncated_samples=truncated["samples"], truncated_tokens=truncated["tokens"])
+    if prepared is not None and validating(run):  # what the run evaluates on; energon: its `val` split
+        d = run.data
+        summary["validation"] = {"samples": prepared.validation_samples, "skipped_samples": prepared.validation_skipped,
+                                 "fraction": d.validation_fraction, "path": d.validation,
+                                 "source": prepared.validation or {"energon_split": "val"}}
+        if prepared.validation_bins is not None:
+            summary["validation"]["bins"] = len(prepared.validation_bins.bins)
     tmp = out / f".{SCAN_FILE}.{os.getpid()}"
     tmp.write_text(json.dumps(summary, indent=1) + "\n")
     tmp.replace(out / SCAN_FILE)

@@ -13,6 +13,13 @@ indices of each of its micro-batches; `skipped_steps` (Bridge's skipped_iter: an
 train.on_nonfinite=skip); and under on_nonfinite=stop a non-finite loss or grad norm that Megatron's own checks
 let through stops the run (observe.failure.NonFiniteStep): under stop_at_step_end, which turns those checks off,
 this is the check.
+
+Validation (train.eval_interval): Bridge evaluates right after a step's on_train_step_end, every eval_interval
+steps and once more after the last one, and hands its averaged losses to on_eval_end. The writer holds the row of a
+step that an evaluation follows and writes it there with `val_lm_loss` (Bridge's "lm loss" over the held-out
+batches) and `val_s` (the evaluation's wall time), so the loss sits on the row of the step it evaluated; the
+evaluation's batches pass through the same counting forward step and are dropped from the counters, so the next
+step's row counts only its own.
 """
 
 from __future__ import annotations
@@ -114,6 +121,8 @@ class MetricsCallback(Callback):
         self.skipped_steps = 0
         self.train_start: float | None = None
         self.warned_data_bound = False
+        self.held: dict[str, Any] | None = None  # the row of a step an evaluation follows (written in on_eval_end)
+        self.eval_start = 0.0
 
     def _is_writer(self) -> bool:
         import torch.distributed as dist
@@ -147,6 +156,34 @@ class MetricsCallback(Callback):
         if self._is_writer():
             wandb_run.summarize(self.wandb_run, {"checks": self.report})
 
+    def on_eval_start(self, context: Any) -> None:
+        self.eval_start = time.perf_counter()
+
+    def on_eval_end(self, context: Any) -> None:
+        """The evaluated step's row with its validation loss (the writer, on the last pipeline stage: the rank whose
+        total_loss_dict holds the losses); every rank drops the evaluation's batches from its counters."""
+        self.counters.reset()
+        if self.held is not None and context.total_loss_dict:
+            self.held.update({f"val_{k}": v for k, v in loss_values(context.total_loss_dict).items()},
+                             val_s=time.perf_counter() - self.eval_start)
+        self._write_held()
+
+    def _write_held(self) -> None:
+        if self.held is not None:
+            row, self.held = self.held, None
+            self._write(row)
+
+    def _evaluation_follows(self, context: Any) -> bool:
+        """Bridge evaluates after this step (train.py's condition, at the step number it has after the step; and
+        pretrain's evaluation after the last step)."""
+        state, val = context.state, context.state.cfg.validation
+        done = state.train_state.step + 1
+        if not state.train_state.do_valid:
+            return False
+        in_loop = bool(val.eval_interval) and done % val.eval_interval == 0 and \
+            (val.start_eval_at_iter is None or done >= val.start_eval_at_iter)
+        return in_loop or done == state.cfg.train.train_iters
+
     def _write_checks(self) -> None:
         if self._is_writer():
             (Path(self.run.output_dir) / "checks.json").write_text(json.dumps(self.report, indent=1))
@@ -155,6 +192,7 @@ class MetricsCallback(Callback):
     def on_train_step_start(self, context: Any) -> None:
         import torch
 
+        self._write_held()  # an evaluation cut short (Bridge's exit_duration_in_mins) fires no on_eval_end
         torch.cuda.synchronize()
         self.t0 = time.perf_counter()
         self.timer.start()
@@ -202,6 +240,12 @@ class MetricsCallback(Callback):
         row.update(timing.row(dict(zip(TIMED, timed, strict=True)), step_s), data_host_s=timed[-1])
         self._hint_if_data_bound(row)
         row.update(megatron_numbers(context.state.cfg, batch_size, stats, step_s, dist.get_world_size()))
+        if self._evaluation_follows(context):
+            self.held = row
+        else:
+            self._write(row)
+
+    def _write(self, row: dict[str, Any]) -> None:
         append_jsonl(self.path, row)
         print(step_line(row), flush=True)
         wandb_run.log_row(self.wandb_run, row)

@@ -14,7 +14,9 @@
   Bridge's own metrics (lm loss, learning-rate, grad-norm, load_balancing_loss, timers, throughput when enabled)
   land in the same run under their own names, at Bridge's iteration number.
 - Rows: each metrics.jsonl row is logged at W&B step = row["step"] + 1, Bridge's iteration number for that step,
-  so vlmtrain's and Bridge's numbers for one step share a history row. Bridge finishes the run in _finish_train.
+  so vlmtrain's and Bridge's numbers for one step share a history row; a row an evaluation followed
+  (train.eval_interval) carries `val_lm_loss`, next to Bridge's own `lm loss validation` at the same step. Bridge
+  finishes the run in _finish_train.
 """
 
 from __future__ import annotations

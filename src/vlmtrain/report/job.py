@@ -22,6 +22,9 @@ COMPONENTS = ("ViT", "projector", "decoder", "optimizer", "data", "other")
 SUMMARY_KEYS = (*HEADLINE_KEYS, *TIME_KEYS, *FLOP_KEYS, "vlmtrain_host_s", "skipped_samples",
                 "truncated_samples")
 
+VAL_KEY = "val_lm_loss"
+"""observe.metrics_callback's validation loss, on the row of the step an evaluation followed."""
+
 SECTIONS = {
     "main": "Ranking: trainable vision, real data",
     "frozen": "Frozen vision (benchmark-only: compare only with other frozen runs)",
@@ -60,6 +63,8 @@ class Job:
     status: str = "incomplete"
     reason: str = ""
     rank: int | None = None
+    validation: list[tuple[int, float]] = field(default_factory=list)
+    """(step, validation loss) of every evaluation (train.eval_interval), in step order."""
 
     @property
     def choices(self) -> dict[str, str]:
@@ -189,6 +194,12 @@ def _resolved(config: dict[str, Any]) -> Resolved | None:
         return None
 
 
+def validation_curve(rows: list[dict[str, Any]]) -> list[tuple[int, float]]:
+    """(step, val_lm_loss) of the rows an evaluation followed (metrics.jsonl or W&B history), in step order."""
+    return sorted((int(r["step"]), float(r[VAL_KEY])) for r in rows
+                  if isinstance(r.get(VAL_KEY), int | float) and isinstance(r.get("step"), int | float))
+
+
 def steady_metrics(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """observe.run_summary.summarize_rows over the step rows only (W&B history also holds other rows), with the
     component medians and the GPU count the token rates imply (what ran, which Job.layout prefers to the config)."""
@@ -198,4 +209,7 @@ def steady_metrics(rows: list[dict[str, Any]]) -> dict[str, Any]:
             if r.get("nonpad_tokens") and r["useful_tokens_per_s_per_gpu"]]
     if gpus:
         out["gpus"] = round(statistics.median(gpus))
+    curve = validation_curve(rows)
+    if curve:  # the last evaluation's loss: the held-out figure a sweep compares
+        out["val_loss"] = curve[-1][1]
     return out

@@ -13,6 +13,8 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 PLOTS = {"throughput": "throughput_vs_mbs.png", "split": "component_split.png", "memory": "memory_vs_throughput.png"}
+VALIDATION_PLOT = "validation_loss.png"
+"""Drawn (and listed in report.md) only when a job evaluated held-out samples."""
 MARKERS = {"main": ("o", "-"), "frozen": ("^", "--"), "mock": ("X", ":")}
 SECTION_SHORT = {"main": "trainable vision, real data", "frozen": "frozen vision", "mock": "mock data"}
 COMPONENT_COLORS = ("tab:orange", "tab:green", "tab:blue", "tab:purple", "tab:gray", "lightgray")
@@ -211,4 +213,27 @@ def plot_memory_vs_throughput(jobs: list[Job], base: dict[str, str], path: Path)
            baseline_note(ranked, base))
     ax.grid(alpha=0.3)
     _save(fig, path, not ranked)
+    return fig
+
+
+def plot_validation_loss(jobs: list[Job], base: dict[str, str], path: Path) -> Figure:
+    """Validation loss against step, one line per job that evaluated held-out samples (failed ones included: the
+    loss up to the failure still says how training went), each labelled with what differs between them."""
+    shown = [j for j in jobs if j.validation]
+    fig = _figure(11, 6)
+    ax = fig.add_subplot()
+    for job, label in zip(shown, distinct_labels(shown, base), strict=True):
+        steps, losses = zip(*job.validation, strict=True)
+        ax.plot(steps, losses, marker="o", linestyle=MARKERS[job.section][1], label=f"{label}{_numbers([job])}")
+    ax.set_xlabel("step (metrics.jsonl numbering)")
+    ax.set_ylabel("validation loss (val_lm_loss)")
+    _title(ax, "Validation loss vs step (held-out samples, every train.eval_interval steps)",
+           baseline_note(shown, base))
+    ax.grid(alpha=0.3)
+    if shown:
+        ax.legend(fontsize=8, loc="upper right")
+    else:
+        ax.text(0.5, 0.5, "no job evaluated held-out samples (train.eval_interval)", ha="center", va="center",
+                transform=ax.transAxes)
+    fig.savefig(path)
     return fig

@@ -13,7 +13,7 @@ from vlmtrain.config.groups import CHOSEN
 from vlmtrain.observe import failure
 from vlmtrain.observe.run_summary import read_jsonl
 from vlmtrain.report.failures import classify, log_text
-from vlmtrain.report.job import Job, steady_metrics
+from vlmtrain.report.job import Job, steady_metrics, validation_curve
 from vlmtrain.report.wandb_runs import attach_wandb, online_jobs
 
 FINDING = re.compile(r"^\[(\w+)\]\s+(\w+):\s*(.*)$", re.DOTALL)
@@ -47,7 +47,8 @@ def job_from_dir(job_dir: Path) -> Job:
     checks = _checks(job_dir)
     job = Job(name=job_dir.name, source="files", num=_job_num(job_dir.name), path=job_dir,
               overrides=list(load_yaml(job_dir / ".hydra" / "overrides.yaml") or []), config=_job_config(job_dir),
-              metrics=steady_metrics(rows), checks=checks or {}, data_kind=rows[0].get("data_kind") if rows else None)
+              metrics=steady_metrics(rows), checks=checks or {}, data_kind=rows[0].get("data_kind") if rows else None,
+              validation=validation_curve(rows))
     # MetricsCallback writes the after-training checks into checks.json in on_train_end
     ended = None if checks is None else "frozen_unchanged" in checks
     records = failure.read(job_dir)

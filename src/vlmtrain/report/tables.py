@@ -11,14 +11,14 @@ from vlmtrain.config.groups import CHOSEN
 from vlmtrain.observe.run_summary import SKIP
 from vlmtrain.report.job import FLOP_KEYS, SECTIONS, STATUS, TIME_KEYS, Job
 from vlmtrain.report.labels import baseline, describe, flags, layout_text, shown_elsewhere, split_kind, split_text
-from vlmtrain.report.plots import PLOTS
+from vlmtrain.report.plots import PLOTS, VALIDATION_PLOT
 from vlmtrain.report.sources import load_yaml
 
 CSV_COLUMNS = ["section", "rank", "job", "num", "source", "status", "reason", "description", *CHOSEN, "layout",
                "gpus", "tp", "pp", "ep", "mbs", "frozen_vision", "mock_data", "steps", "useful_tokens_per_s_per_gpu",
                "padded_tokens_per_s_per_gpu", "nonpad_fraction", "mfu", "tflops_per_s_per_gpu", "step_s",
                "peak_mem_gib", "memory_gib", "headroom_gib", *TIME_KEYS, *FLOP_KEYS, "first_loss", "last_loss",
-               "skipped_samples", "overrides", "path"]
+               "val_loss", "skipped_samples", "overrides", "path"]
 
 
 def csv_row(job: Job, base: dict[str, str]) -> dict[str, Any]:
@@ -81,6 +81,15 @@ def failure_table(jobs: list[Job], base: dict[str, str]) -> list[str]:
     return _table(["job", "status", "reason", "config", "GPUs", "MBS", "steps", "useful tok/s/GPU", "flags"], rows)
 
 
+def validation_table(jobs: list[Job], base: dict[str, str]) -> list[str]:
+    """Jobs that evaluated held-out samples (train.eval_interval): their validation loss, first and last."""
+    rows = [[j.label, STATUS[j.status], describe(j, base), len(j.validation), j.validation[0][0],
+             f"{j.validation[0][1]:.4f}", j.validation[-1][0], f"{j.validation[-1][1]:.4f}",
+             f"{j.metrics['last_loss']:.4f}" if "last_loss" in j.metrics else ""] for j in jobs if j.validation]
+    return _table(["job", "status", "config", "evaluations", "first at step", "first val loss", "last at step",
+                   "last val loss", "last train loss"], rows)
+
+
 def _sweep_line(root: Path | None) -> str | None:
     path = root / "multirun.yaml" if root else None
     if not path or not path.exists():
@@ -122,5 +131,11 @@ def render(jobs: list[Job], source: str, root: Path | None) -> str:
     others = [j for j in jobs if j.rank is None]
     if others:
         lines += ["", "## Not ranked: failures, skips and unfinished runs", "", *failure_table(others, base)]
-    lines += ["", "## Plots", "", *(f"![{k}]({name})" for k, name in PLOTS.items()), ""]
+    validated = any(j.validation for j in jobs)
+    if validated:
+        lines += ["", "## Validation loss", "", "The held-out samples' loss (`val_lm_loss` in metrics.jsonl: Bridge's "
+                  "evaluation every train.eval_interval steps and after the last one; step numbers as in "
+                  "metrics.jsonl).", "", *validation_table(jobs, base)]
+    plots = {**PLOTS, **({"validation": VALIDATION_PLOT} if validated else {})}
+    lines += ["", "## Plots", "", *(f"![{k}]({name})" for k, name in plots.items()), ""]
     return "\n".join(lines)

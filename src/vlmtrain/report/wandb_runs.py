@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from vlmtrain.report.failures import classify
-from vlmtrain.report.job import Job, steady_metrics
+from vlmtrain.report.job import Job, steady_metrics, validation_curve
 
 
 def _wandb_item(item: Any) -> tuple[str, Any]:
@@ -84,7 +84,7 @@ def job_from_wandb(run: dict[str, Any], source: str) -> Job:
     """One job from a W&B run (offline record log or API), classified from its console output and exit."""
     rows = [r for r in run["history"] if "useful_tokens_per_s_per_gpu" in r]
     job = Job(name=run["name"], source=source, config=_wandb_config(run["config"]), metrics=steady_metrics(rows),
-              data_kind=rows[0].get("data_kind") if rows else None)
+              data_kind=rows[0].get("data_kind") if rows else None, validation=validation_curve(rows))
     text = "".join(run["output"])
     job.status, job.reason = classify(text, job.metrics.get("steps", 0), job.expected_steps)
     if job.status in ("ok", "incomplete") and run["exit_code"] not in (None, 0):

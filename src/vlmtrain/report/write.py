@@ -10,13 +10,21 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from vlmtrain.report.labels import baseline, split_kind
-from vlmtrain.report.plots import PLOTS, plot_component_split, plot_memory_vs_throughput, plot_throughput_vs_mbs
+from vlmtrain.report.plots import (
+    PLOTS,
+    VALIDATION_PLOT,
+    plot_component_split,
+    plot_memory_vs_throughput,
+    plot_throughput_vs_mbs,
+    plot_validation_loss,
+)
 from vlmtrain.report.sources import gather
 from vlmtrain.report.tables import render, write_csv
 
 
 def write_report(source: str | Path, out: Path | None = None) -> dict[str, Path]:
-    """Gather, rank and write report.md, report.csv and the plots; returns their paths."""
+    """Gather, rank and write report.md, report.csv and the plots (the validation loss plot when a job evaluated
+    held-out samples); returns their paths."""
     jobs = gather(source)
     root = None if str(source).startswith("wandb:") else Path(source)
     out = Path(out) if out else root or Path(f"report-{str(source).rsplit('/', 1)[-1]}")
@@ -29,6 +37,9 @@ def write_report(source: str | Path, out: Path | None = None) -> dict[str, Path]
     plot_throughput_vs_mbs(jobs, base, paths["throughput"])
     plot_component_split(jobs, base, split_kind(jobs), paths["split"])
     plot_memory_vs_throughput(jobs, base, paths["memory"])
+    if any(j.validation for j in jobs):
+        paths["validation"] = out / VALIDATION_PLOT
+        plot_validation_loss(jobs, base, paths["validation"])
     return paths
 
 

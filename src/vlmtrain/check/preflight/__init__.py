@@ -20,6 +20,7 @@ from vlmtrain.check.preflight import parallelism  # noqa: F401
 from vlmtrain.check.preflight import recompute_graphs  # noqa: F401
 from vlmtrain.check.preflight import packing  # noqa: F401
 from vlmtrain.check.preflight import data  # noqa: F401
+from vlmtrain.check.preflight import validation  # noqa: F401
 from vlmtrain.check.preflight import precision  # noqa: F401
 from vlmtrain.check.preflight import memory  # noqa: F401
 # isort: on

@@ -14,6 +14,14 @@ Every kind but mock is scanned on CPU before any GPU work (vlmtrain.data.prepare
 and a bad sample fails the run naming the dataset, the sample, the file and the reason, or with
 `skip_bad_images=true` is left out of what Bridge reads and counted (`skipped_samples` in metrics.jsonl and W&B).
 
+Validation (held out, never trained on; evaluated every train.eval_interval steps by Bridge's own loop):
+`validation=<path>` reads a second file or folder of the same kind as `path` (jsonl, parquet, hf; a DatasetDict
+folder: its `validation` split), or for energon `validation=val`, the dataset's own `val` split part;
+`validation_fraction=f` holds out a fixed share of the training samples (vlmtrain.data.validation: the same
+samples every run). The held-out samples are scanned, skipped, length-checked and packed like the training ones,
+and reach Bridge as the dataset config's validation split (DirectHFSFTDatasetConfig.validation_source,
+EnergonDatasetConfig.do_validation, the packed config's validation bins).
+
 Padding: samples pad to `seq_length` when CUDA graphs need static shapes or `pad_to_max_length` is set
 (Bridge also forces it when PP>1 or EP>1). `packing=<capacity>` replaces all of that: before any GPU work the data
 stage bins the samples in data order into bins of <= capacity tokens (vlmtrain.data.bins), one micro-batch is one
@@ -149,6 +157,12 @@ class DataConfig:
     packing_static: bool = False
     """Pad every packed row to exactly the capacity (static shapes; forced by CUDA graphs and PP>1): one padding
     span at the row's end, loss-masked, counted as padding."""
+    validation: str | None = None
+    """Held-out samples evaluated every train.eval_interval steps: a file or folder of the same kind as data.path
+    (jsonl, parquet, hf), or `val` for data=energon (the dataset's own val split). null = none."""
+    validation_fraction: float | None = None
+    """Hold out this share (0 < f < 1) of the training samples instead: the same samples every run, never trained
+    on (vlmtrain.data.validation). null = none."""
     num_workers: int = 2
     cache_dir: str = "~/.cache/vlmtrain"
     """Where the processor and generated datasets are written (idempotent, keyed by content)."""
@@ -173,6 +187,11 @@ def capacity(run: RunConfig) -> int | None:
 def row_length(run: RunConfig) -> int:
     """Bridge's model.seq_length and dataset seq_length: the packing capacity, else train.seq_length."""
     return capacity(run) or run.train.seq_length
+
+
+def validating(run: RunConfig) -> bool:
+    """The run holds samples out for validation (data.validation or data.validation_fraction)."""
+    return run.data.validation is not None or run.data.validation_fraction is not None
 
 
 def is_mock(run: RunConfig) -> bool:
@@ -202,11 +221,16 @@ def pads_to_max_length(run: RunConfig) -> bool:
 
 
 def apply(run: RunConfig, res: Resolved, cfg: ConfigContainer, proc: str, hf_source: dict[str, Any] | None,
-          energon_kwargs: dict[str, Any], packed: Callable[..., Any] | None = None) -> None:
+          energon_kwargs: dict[str, Any], packed: Callable[..., Any] | None = None,
+          validation_source: dict[str, Any] | None = None) -> None:
     """Bridge's dataset config on the processor `proc` and the source the data scan left (vlmtrain.data.prepare).
     `packed`: with a packing capacity, the data stage's dataset config bound to this run's bins
-    (vlmtrain.data.bins_dataset.PackedBinsDatasetConfig)."""
+    (vlmtrain.data.bins_dataset.PackedBinsDatasetConfig). `validation_source`: the held-out samples' source
+    (data.validation or data.validation_fraction; energon validates on its own `val` split)."""
     d, seq = run.data, run.train.seq_length
+    if validating(run) and validation_source is None and d.kind != Kind.energon:
+        raise ValueError("data.validation / data.validation_fraction need the data stage's held-out source "
+                         "(vlmtrain.data.prepare)")
     if capacity(run):
         if packed is None or hf_source is None:
             raise ValueError(f"data.packing={d.packing} needs the data stage's bins of a scanned source "
@@ -245,6 +269,7 @@ def apply(run: RunConfig, res: Resolved, cfg: ConfigContainer, proc: str, hf_sou
             micro_batch_size=run.train.micro_batch_size,
             task_encoder=QwenVLEnergonTaskEncoderConfig(hf_processor_path=proc, patch_size=PATCH_SIZE),
             dataset_kwargs=energon_kwargs,
+            do_validation=validating(run),  # Bridge's Energon data module reads the dataset's `val` split part
             **common,
         )
     else:
@@ -253,8 +278,9 @@ def apply(run: RunConfig, res: Resolved, cfg: ConfigContainer, proc: str, hf_sou
 
         cfg.dataset = DirectHFSFTDatasetConfig(
             source=HFDatasetSourceConfig(**hf_source),
+            validation_source=HFDatasetSourceConfig(**validation_source) if validation_source else None,
             hf_processor_path=proc,
-            do_validation=False,
+            do_validation=validation_source is not None,
             do_test=False,
             dataloader_type="cyclic",
             **common,

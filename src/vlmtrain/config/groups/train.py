@@ -10,6 +10,8 @@
 | save_interval      | checkpoint.save, .load (checkpoint_dir), .save_interval |
 | profile_step       | profiling (PyTorch profiler), logger.tensorboard_dir  |
 | on_nonfinite       | rerun_state_machine.check_for_nan_in_loss, ddp.check_for_nan_in_grad |
+| eval_interval      | validation.eval_interval (null: validation.eval_iters=0, no evaluation) |
+| eval_iters         | validation.eval_iters                                 |
 
 on_nonfinite: `stop` (default) keeps Megatron's checks on: a NaN/Inf loss (checked per micro-batch) or local
 gradient (checked per bucket before the data-parallel reduce) raises, and the worker stops the run with a record
@@ -20,6 +22,12 @@ update later (the NaN update is never saved) and without naming the bucket. `ski
 gives the optimizer a constant loss scale of 1.0 (the precision group writes it: Megatron's ConstantGradScaler), so
 Megatron's optimizer finds the Inf/NaN in the reduced gradients and skips that step's update (Bridge's skipped_iter,
 counted in metrics.jsonl `skipped_steps`); it costs one host sync per step (the found-inf flag).
+
+eval_interval / eval_iters: Bridge's own evaluation in its training loop (training/train.py, eval.py): every
+eval_interval steps, and once more after the last step, eval_iters batches of the held-out samples (data.validation
+or data.validation_fraction) in forward only, each batch validation.eval_global_batch_size samples (default
+train.global_batch_size; with packing, rows), its loss averaged over their loss tokens. The metrics callback puts
+it on that step's metrics.jsonl row as `val_lm_loss`.
 
 Any other Bridge field: `+bridge.<section>.<field>=<value>` (applied through Bridge's own override parser,
 which rejects unknown fields).
@@ -56,6 +64,8 @@ OWNS = frozenset(
         "logger.tensorboard_dir",
         "rerun_state_machine.check_for_nan_in_loss",
         "ddp.check_for_nan_in_grad",
+        "validation.eval_interval",
+        "validation.eval_iters",
     }
 )
 
@@ -91,6 +101,20 @@ class TrainConfig:
     checkpoint (<run dir>/failure-rank<N>.json). stop_at_step_end: the same stop, from the step's loss and grad norm
     at its end (no host sync per micro-batch and bucket). skip: Megatron skips that step's update and the run goes on
     (skipped_steps in metrics.jsonl)."""
+    eval_interval: int | None = None
+    """Evaluate the held-out samples (data.validation or data.validation_fraction) every N steps, and after the
+    last step: `val_lm_loss` in metrics.jsonl, W&B and the report. null = no validation."""
+    eval_iters: int = 1
+    """Batches per evaluation, each of validation.eval_global_batch_size samples (default
+    train.global_batch_size)."""
+
+
+def eval_global_batch_size(run: RunConfig) -> int:
+    """Samples (packed: rows) per evaluation batch: Bridge's validation.eval_global_batch_size, defaulting to
+    train.global_batch_size as Bridge's finalization does."""
+    from vlmtrain.config.world import bridge_section
+
+    return int(bridge_section(run, "validation").get("eval_global_batch_size") or run.train.global_batch_size)
 
 
 def apply(run: RunConfig, res: Resolved, cfg: ConfigContainer) -> None:
@@ -109,6 +133,8 @@ def apply(run: RunConfig, res: Resolved, cfg: ConfigContainer) -> None:
     cfg.checkpoint.load = ckpt
     cfg.checkpoint.save_interval = t.save_interval
     cfg.logger.log_interval = t.log_interval
+    cfg.validation.eval_interval = t.eval_interval
+    cfg.validation.eval_iters = t.eval_iters if t.eval_interval else 0  # 0: Bridge builds no validation loader
     # stop_at_step_end: the metrics callback checks; skip: the optimizer's constant loss scale finds them (precision)
     megatron_checks = t.on_nonfinite == OnNonfinite.stop
     cfg.rerun_state_machine.check_for_nan_in_loss = megatron_checks
