@@ -64,7 +64,8 @@ def winner_figure(state: dict[str, Any]) -> tuple[float | None, str]:
     if v.get("tune_repeats"):
         return v["tune_useful_tokens_per_s_per_gpu"], (f"median of its {len(v['tune_repeats'])} comparison runs; "
                                                        "no finalist repeat fit the budget")
-    return w.get("screen"), "its one screening run; no repeat fit the budget"
+    return w.get("screen"), ("the median of its stage runs (one, where no close call repeated it); no finalist repeat "
+                             "fit the budget")
 
 
 def _num(x: Any, fmt: str = ".0f") -> str:

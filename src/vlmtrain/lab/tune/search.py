@@ -34,6 +34,8 @@ nodes, docs/benchmarks.md), the steps not counted, so a budget named from it is 
 SPREAD_PRIOR = 0.04
 """The run-to-run spread before any configuration ran twice: whole runs of one case on one machine differ by a few
 % (A/B pairs 0.957-1.040, docs/measurements.md)."""
+WALL_MARGIN_S = 60.0
+"""What a --max-wall-min named to fit the next trial adds to it: the invocation's own composing and pruning."""
 USEFUL = "useful_tokens_per_s_per_gpu"
 
 
@@ -122,7 +124,8 @@ class Search:
         space.fill_defaults(self.spec, self.node_gpus)
         self.state.update(name=self.name, spec=self.spec.name, base=self.spec.base, gpus=self.gpus)
         self.state.setdefault("trials", {})
-        self.state["stages"], self.state["finalists"], self.state["close"] = [], [], []
+        self.state["stages"], self.state["finalists"] = [], []
+        self.state.setdefault("close", [])  # an earlier invocation's close calls stay: their repeats are in trials
         for key in ("stopped", "end", "least_budget"):
             self.state.pop(key, None)
 
@@ -181,7 +184,8 @@ class Search:
             return
         if need > self.max_wall_s:
             raise OutOfTime("wall_short", f"the next trial ({name}) takes ~{need / 60:.1f} min (the longest so far), "
-                            f"longer than --max-wall-min {self.max_wall_s / 60:g} itself", stage, name, need)
+                            f"longer than --max-wall-min {self.max_wall_s / 60:g} itself", stage, name,
+                            need + WALL_MARGIN_S)
         gone = time.monotonic() - self.started
         if gone + need > self.max_wall_s:
             raise OutOfTime("wall", f"{gone / 60:.1f} of --max-wall-min {self.max_wall_s / 60:g} gone, the next "
@@ -229,9 +233,7 @@ class Search:
         close = [e for e in order if (self.figure(e.name) or 0) >= lead * (1 - s)]
         if len(close) < 2:
             return order
-        call: dict[str, Any] = {"stage": stage, "spread": s, "measured_from": measured,
-                                "names": [e.name for e in close]}
-        self.state["close"].append(call)
+        call = self._call(stage, [e.name for e in close], s, measured)
         try:
             for r in range(1, self._repeats()):
                 for e in close:
@@ -243,6 +245,17 @@ class Search:
             order.sort(key=lambda e: -(self.figure(e.name) or 0))
             self._judge(call, [e.name for e in order if e.name in call["names"]])
         return order
+
+    def _call(self, stage: str, names: list[str], s: float, measured: int) -> dict[str, Any]:
+        """The close call between `names` at `stage`: the one an earlier invocation made (its repeats resume, the
+        spread it was called at kept), else a new one."""
+        for call in self.state["close"]:
+            if call["stage"] == stage and set(call["names"]) == set(names):
+                call.pop("cut", None)
+                return call
+        call = {"stage": stage, "spread": s, "measured_from": measured, "names": names}
+        self.state["close"].append(call)
+        return call
 
     def _judge(self, call: dict[str, Any], names: list[str]) -> None:
         """The call's runs and medians, best first, and whether the two best medians are still within the spread
@@ -381,31 +394,27 @@ class Search:
         for f in top:
             f.update(repeats=[], median=None)
         its = int(self._fin().get("iterations", 10))
-        for r in range(self._repeats()):
-            for f in top:
-                out = self.trial(FINAL, f"final_{f['name']}", f["overrides"], its, r, False)
-                if out.status == "ok" and out.useful is not None:
-                    f["repeats"].append(out.useful)
-                    f["median"] = statistics.median(f["repeats"])
+        every = [(r, f) for r in range(self._repeats()) for f in top]
+        # the repeats an earlier invocation ran count first, so a budget that ends the rest leaves them counted
+        done = [(r, f) for r, f in every if f"final_{f['name']}-it{its}-r{r}" in self.state["trials"]]
+        for r, f in done + [rf for rf in every if rf not in done]:
+            out = self.trial(FINAL, f"final_{f['name']}", f["overrides"], its, r, False)
+            if out.status == "ok" and out.useful is not None:
+                f["repeats"].append(out.useful)
+                f["median"] = statistics.median(f["repeats"])
         return self.ranked()
 
     def ranked(self) -> list[dict[str, Any]]:
-        """The finalists by median over their repeats (two medians within the spread: a close call); none repeated
-        (the budget ended first): the best stage configuration by its figure alone."""
-        ranked = sorted((f for f in self.state.get("finalists") or [] if f.get("median") is not None),
-                        key=lambda f: -f["median"])
-        if len(ranked) > 1:
+        """The finalists by the median of their repeats, one the budget left none by its stage figure; where the
+        two best both have repeats and their medians are within the spread, a close call."""
+        ranked = sorted(self.state.get("finalists") or [],
+                        key=lambda f: -(f["median"] if f.get("median") is not None else f["screen"]))
+        if len(ranked) > 1 and None not in (ranked[0]["median"], ranked[1]["median"]):
             s, measured = spread(self.state["trials"])
             if ranked[1]["median"] >= ranked[0]["median"] * (1 - s):
-                call = {"stage": FINAL, "spread": s, "measured_from": measured}
-                self.state["close"].append(call)
-                self._judge(call, [f"final_{f['name']}" for f in ranked])
-        if ranked:
-            return ranked
-        names = {t["name"]: t["overrides"] for t in self.state["trials"].values()
-                 if t["stage"] not in (FINAL, COMPARE) and useful(t) is not None}
-        best = sorted(names, key=lambda n: -(self.figure(n) or 0))[:1]
-        return [{"name": n, "overrides": names[n], "median": None, "screen": self.figure(n)} for n in best]
+                names = [f"final_{f['name']}" for f in ranked if f["median"] is not None]
+                self._judge(self._call(FINAL, names, s, measured), names)
+        return ranked
 
     def compare(self, winner: dict[str, Any]) -> dict[str, Any] | None:
         """Winner vs the hand-found configuration in A/B pairs on this machine, the order alternating per pair."""
@@ -453,6 +462,8 @@ class Search:
                 self.state["versus"] = self.compare(ranked[0])
         except OutOfTime as e:  # the wall-clock limit, --plan, or a budget too small to start: nothing more now
             stop = e
+        for call in self.state["close"]:  # each with the runs it has now, an earlier invocation's too
+            self._judge(call, sorted(call["names"], key=lambda n: -(self.figure(n) or 0)))
         self.state["gpu_min"] = self.spent_gpu_s() / 60
         self.state["end"] = self.end(stop)
         self.save()
