@@ -4,8 +4,8 @@ invocation prints why it stopped and what the same command does next.
 
 Exit status: 0 done (the winner's preset written; also a re-run with nothing left to do, or --plan), 1 no trial
 finished, 2 a bad command line or spec, 3 paused at --max-wall-min (the same command resumes), 4 the same command
-cannot go on: the budget cannot hold the first stage and the finalists (nothing ran), or the next trial is longer
-than --max-wall-min; the message names the least --budget-gpu-min or --max-wall-min that would."""
+cannot go on (--plan too): the budget cannot hold the first stage and the finalists (nothing ran), or the next trial
+is longer than --max-wall-min; the message names the least --budget-gpu-min or --max-wall-min that would."""
 
 from __future__ import annotations
 

@@ -121,7 +121,7 @@ def _budget(state: dict[str, Any]) -> list[str]:
         after = f" after {b['ran']} of its trial(s)" if "ran" in b else ""
         lines += ["", f"The budget ended {Search.part(b['stage'])}{after}: {b['why']}; at least "
                   f"{gpu_min(b['least_gpu_s'])} GPU-min would have run it."]
-    if least:
+    if least and (state.get("end") or {}).get("reason") != "too_small":  # that end says it already
         lines += ["", f"Before any trial ran, the first stage ({least['stage']}: at least {least['trials']} of its "
                   f"{least['candidates']} candidates) and the finalists ({least['finalist_trials']} repeats) needed "
                   f"at least {gpu_min(least['gpu_s'])} GPU-min, a trial taken to cost {TRIAL_FLOOR_S:.0f} s of "
