@@ -9,6 +9,7 @@ whose new trials replay the same configuration's other recorded runs."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -430,3 +431,25 @@ def test_close_call_decided_on_repeats_pause_resume_and_nothing_left(tmp_path: P
                           versus=H1_VERSUS.split(), poll_s=0.0).run()
     assert again.launched == [] and state["end"]["why"].startswith("nothing left to do (no trial ran now): done")
     assert [c["names"] for c in state["close"]] == [[W2, W8]] and state["stages"][2]["close"]
+
+
+def test_ladder_rung_slower_within_the_spread_is_settled_on_repeats(recordings: dict[str, list[dict[str, Any]]],
+                                                                   searched: tuple[dict[str, Any], Replay, Path],
+                                                                   tmp_path: Path) -> None:
+    """The replayed search's screening runs alone (no repeat yet: the 4 % prior), its kernels stage as a ladder
+    cutlass -> cutlass+fused -> none: cutlass+fused is 3.6 % slower, within the spread, so both run again before the
+    ladder decides; their medians keep cutlass ahead and the ladder stops there (the last rung is not measured)."""
+    state, _, _ = searched
+    screening = {k: t for k, t in state["trials"].items() if t["repeat"] == 0 and t["stage"] != search.FINAL}
+    (tmp_path / search.STATE).write_text(json.dumps({**state, "trials": screening, "close": []}))
+    sp = spec.load(SPEC)
+    sp.stages[-1] = dataclasses.replace(sp.stages[-1], grids=[{"kernels": ["cutlass", "cutlass+fused", None]}],
+                                        ladder=("kernels",))
+    launch = Replay(recordings)
+    again = search.Search(sp, tmp_path, "replay", launch, node_gpus=0, gpus=2, poll_s=0.0).run()
+    cutlass, fused = (f"3d-ep2_pack8192_mbs1_rc-none_cg-none_{k}" for k in ("cutlass", "cutlass_fused"))
+    assert launch.launched[:2] == [f"{cutlass}-it8-r1", f"{fused}-it8-r1"]
+    assert again["stages"][-1]["ran"] == [cutlass, fused] and again["stages"][-1]["best"] == cutlass
+    [call] = again["close"]
+    assert call["stage"] == "kernels" and call["names"] == [cutlass, fused] and call["spread"] == search.SPREAD_PRIOR
+    assert [len(r) for r in call["runs"]] == [2, 2] and call["decided"] == cutlass

@@ -62,6 +62,11 @@ def spread(trial_map: dict[str, dict[str, Any]]) -> tuple[float, int]:
     return (statistics.median(each), len(each)) if each else (SPREAD_PRIOR, 0)
 
 
+def trial_id(name: str, iterations: int, repeat: int) -> str:
+    """A trial's key in state.json and its dir under trials/."""
+    return f"{name}-it{iterations}-r{repeat}"
+
+
 def gpu_min(gpu_s: float) -> str:
     """GPU-seconds as the GPU-minutes a user would pass, rounded up to a tenth."""
     return f"{math.ceil(gpu_s / 6 - 1e-9) / 10:g}"
@@ -204,7 +209,7 @@ class Search:
     def trial(self, stage: str, name: str, overrides: list[str], iterations: int, repeat: int = 0,
               early: bool = True) -> trials.Outcome:
         """One trial's outcome: from the state when it finished in an earlier invocation, else run now."""
-        tid = f"{name}-it{iterations}-r{repeat}"
+        tid = trial_id(name, iterations, repeat)
         if tid in self.state["trials"]:
             return trials.Outcome(**self.state["trials"][tid]["outcome"])
         self._room(stage, name)
@@ -228,6 +233,8 @@ class Search:
         medians: a close call, kept in state["close"] (cut: the budget or wall ended its repeats; still_close:
         the medians too are within the spread)."""
         order = sorted(entries, key=lambda e: -(self.figure(e.name) or 0))
+        if len(order) < 2:
+            return order
         s, measured = spread(self.state["trials"])
         lead = self.figure(order[0].name) or 0
         close = [e for e in order if (self.figure(e.name) or 0) >= lead * (1 - s)]
@@ -238,8 +245,8 @@ class Search:
             for r in range(1, self._repeats()):
                 for e in close:
                     self.trial(stage, e.name, e.overrides, e.iterations, r, early=False)
-        except OutOfTime as e:
-            call["cut"] = str(e)
+        except OutOfTime as stop:
+            call["cut"] = str(stop)
             raise
         finally:
             order.sort(key=lambda e: -(self.figure(e.name) or 0))
@@ -307,7 +314,7 @@ class Search:
         except OutOfTime as e:
             if not e.final:
                 raise
-            stop, order = e, sorted(self._contenders(done, incumbent), key=lambda e: -(self.figure(e.name) or 0))
+            stop, order = e, sorted(self._contenders(done, incumbent), key=lambda x: -(self.figure(x.name) or 0))
         record["ran"] = [e.name for e, _ in done]
         if not {e.name for e, o in done if o.status == "ok"}:
             record["skipped"] = "no trial of this stage finished"
@@ -396,7 +403,7 @@ class Search:
         its = int(self._fin().get("iterations", 10))
         every = [(r, f) for r in range(self._repeats()) for f in top]
         # the repeats an earlier invocation ran count first, so a budget that ends the rest leaves them counted
-        done = [(r, f) for r, f in every if f"final_{f['name']}-it{its}-r{r}" in self.state["trials"]]
+        done = [(r, f) for r, f in every if trial_id(f"final_{f['name']}", its, r) in self.state["trials"]]
         for r, f in done + [rf for rf in every if rf not in done]:
             out = self.trial(FINAL, f"final_{f['name']}", f["overrides"], its, r, False)
             if out.status == "ok" and out.useful is not None:
@@ -485,7 +492,8 @@ class Search:
         does next, in words for the terminal and the report."""
         if stop is None:
             ended = self.state["budget"]
-            why = "done: every stage ran, then the finalists' repeats"
+            why = "done: every stage ran, then the finalists' repeats" if self.state.get("winner") else \
+                "done: no trial finished (the trials' reasons are in the report)"
             nxt = "nothing left to do: the same command runs no trial and exits 0"
             if ended:
                 parts = [(self.part(b["stage"]), b) for b in ended]
