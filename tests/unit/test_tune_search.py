@@ -356,8 +356,11 @@ def test_recorded_search_at_its_budget_has_nothing_left_to_do(tmp_path: Path,
     out = capsys.readouterr().out
     state = json.loads((out_dir / search.STATE).read_text())
     assert state["trials"].keys() == recorded["trials"].keys()
-    assert "[tune] nothing left to do (no trial ran now): done within the budget, which ended the input stage " \
-           "(budget: 25.3 of 28 GPU-min spent" in out
+    assert f"[tune] The budget ended the input stage after 3 of its trial(s): budget: 25.3 of 28 GPU-min spent, the " \
+           f"next trial ({W2}) needs ~3.5 and ~6.0 are held for the finalists' repeats; at least 34.9 GPU-min would " \
+           "have run it" in out
+    assert "[tune] nothing left to do (no trial ran now): done within the budget, which ended the input stage and " \
+           "the finalists' repeats\n" in out
     assert "[tune] next: nothing left to do: the same command runs no trial and exits 0; --budget-gpu-min 28.9 or " \
            "more resumes the finalists' repeats, 34.9 or more resumes the input stage" in out
     assert state["spread"] == {"value": pytest.approx(0.0682, abs=1e-4), "configs": 4}

@@ -76,6 +76,8 @@ def main(args: argparse.Namespace) -> int:
         preset = outputs.write_preset((args.preset_dir or CONF_DIR / "experiment") / f"{name}.yaml",
                                       [*sp.base, *winner["overrides"]], notes)
     paths = outputs.write(state, out, command, preset)
+    for b in state["budget"]:
+        print(f"[tune] {outputs.budget_ended(b)}", flush=True)
     print(f"[tune] {end['why']}\n[tune] next: {end['next']}", flush=True)
     print(f"[tune] report: {paths['md']}" + (f"; preset: {preset}" if preset else ""), flush=True)
     if args.results and winner and preset:

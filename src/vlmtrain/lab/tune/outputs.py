@@ -114,13 +114,18 @@ def _pruned(state: dict[str, Any]) -> list[str]:
     return lines
 
 
+def budget_ended(b: dict[str, Any]) -> str:
+    """Where the budget ended the stages or the finalists (one of state["budget"]), in words."""
+    after = f" after {b['ran']} of its trial(s)" if "ran" in b else ""
+    return (f"The budget ended {Search.part(b['stage'])}{after}: {b['why']}; at least {gpu_min(b['least_gpu_s'])} "
+            "GPU-min would have run it")
+
+
 def _budget(state: dict[str, Any]) -> list[str]:
     """Where the budget ended the search, and the least budget its first stage and the finalists needed."""
     lines, least = [], state.get("least_budget")
     for b in state.get("budget") or []:
-        after = f" after {b['ran']} of its trial(s)" if "ran" in b else ""
-        lines += ["", f"The budget ended {Search.part(b['stage'])}{after}: {b['why']}; at least "
-                  f"{gpu_min(b['least_gpu_s'])} GPU-min would have run it."]
+        lines += ["", budget_ended(b) + "."]
     if least and (state.get("end") or {}).get("reason") != "too_small":  # that end says it already
         lines += ["", f"Before any trial ran, the first stage ({least['stage']}: at least {least['trials']} of its "
                   f"{least['candidates']} candidates) and the finalists ({least['finalist_trials']} repeats) needed "

@@ -497,7 +497,7 @@ class Search:
             nxt = "nothing left to do: the same command runs no trial and exits 0"
             if ended:
                 parts = [(self.part(b["stage"]), b) for b in ended]
-                why = "done within the budget, which ended " + " and ".join(f"{p} ({b['why']})" for p, b in parts)
+                why = "done within the budget, which ended " + " and ".join(p for p, _ in parts)
                 nxt += "; --budget-gpu-min " + ", ".join(f"{gpu_min(b['least_gpu_s'])} or more resumes {p}"
                                                          for p, b in reversed(parts))
             if not self.ran_now and self.state["trials"]:
