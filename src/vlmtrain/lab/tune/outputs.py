@@ -169,8 +169,8 @@ def render(state: dict[str, Any], command: str, preset: Path | None) -> str:
     lines += _budget(state)
     if w:
         useful, what = winner_figure(state)
-        close = [c for c in state.get("close") or [] if c["stage"] == FINAL]
-        lines += ["", f"**Winner**: `{w['name']}`: {_num(useful)} useful tokens/s/GPU, {what} (screening "
+        close = [c for c in state.get("close") or [] if c["stage"] == FINAL and c["still_close"]]
+        lines += ["", f"**Winner**: `{w['name']}`: {_num(useful)} useful tokens/s/GPU, {what} (stage figure "
                   f"{_num(w.get('screen'))})" + (f". Preset `{preset}`" if preset else "") + "."
                   + (" A close call: the finalists' medians are within the run-to-run spread." if close else "")]
     if v:
@@ -178,7 +178,7 @@ def render(state: dict[str, Any], command: str, preset: Path | None) -> str:
                   f"{v['tune_useful_tokens_per_s_per_gpu']:.0f} / hand {v['hand_useful_tokens_per_s_per_gpu']:.0f} = "
                   f"**tune_vs_hand {v['tune_vs_hand']:.3f}**."]
     lines += ["", *_close_calls(state), "", *_stages(state), "", "## Finalists", "",
-              "| finalist | screening | repeats | min-max | median |", "|---|---|---|---|---|"]
+              "| finalist | stage figure | repeats | min-max | median |", "|---|---|---|---|---|"]
     for f in state.get("finalists") or []:
         reps = f.get("repeats") or []
         lines.append(f"| {f['name']} | {_num(f['screen'])} | {', '.join(_num(x) for x in reps)} | {_spread(reps)} | "
