@@ -2,7 +2,13 @@
 as a preset and the report; `--results` appends the search's row (winner, GPU minutes, tune_vs_hand, where the GPU
 time went). The hand side of the comparison is, unless `--versus` names one, the shipped preset of the base's model,
 data, hardware and world (never one a search wrote). Every trial caches its data scan, processor, bins and compiled
-kernels in one dir (`--cache-dir`, default `<tune dir>/cache`), which travels with the search's state."""
+kernels in one dir (`--cache-dir`, default `<tune dir>/cache`), which travels with the search's state. Every
+invocation prints why it stopped and what the same command does next.
+
+Exit status: 0 done (the winner's preset written; also a re-run with nothing left to do, or --plan), 1 no trial
+finished, 2 a bad command line or spec, 3 paused at --max-wall-min (the same command resumes), 4 the same command
+cannot go on (--plan too): the budget cannot hold the first stage and the finalists (nothing ran), or the next trial
+is longer than --max-wall-min; the message names the least --budget-gpu-min or --max-wall-min that would."""
 
 from __future__ import annotations
 
@@ -20,6 +26,10 @@ PAUSED = 3
 """Exit status of an invocation that hit --max-wall-min: run the same command again to resume."""
 FOUND_BY = "Found by `vlmtrain tune"
 """How the notes of a preset a search wrote begin: such a preset is never the default hand side."""
+BLOCKED = 4
+"""Exit status where the same command would run nothing: a larger --budget-gpu-min or --max-wall-min is needed."""
+EXIT = {"wall": PAUSED, "wall_short": BLOCKED, "too_small": BLOCKED, "plan": 0}
+"""Exit status by why the search stopped (search.Search.end); done: 0 with a winner, else 1."""
 
 
 def split(overrides: list[str]) -> tuple[list[str], list[str]]:
@@ -119,40 +129,41 @@ def main(args: argparse.Namespace) -> int:
     s = search.Search(sp, out, name, trials.sweep_process, node_gpus, gpus,
                       budget_gpu_s=args.budget_gpu_min * 60 if args.budget_gpu_min else None,
                       max_wall_s=args.max_wall_min * 60 if args.max_wall_min else None, extra=[*launcher, *cache],
-                      versus=versus)
-    if args.plan:
-        s.max_wall_s = 0.0  # prune every stage's candidates from the defaults, run nothing
+                      versus=versus, plan=args.plan)
     command = "vlmtrain tune " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["tune"] else args.overrides)
     state = s.run()
-    winner = state.get("winner")
+    winner, end = state.get("winner"), state["end"]
     preset = None
     useful, what = outputs.winner_figure(state)
-    if winner and not state.get("stopped") and not args.plan:
+    if winner and end["reason"] == "done":
         notes = [f"Found by `{command}` ({out}): {winner['name']}, {useful:.0f} useful tokens/s/GPU, {what}, "
                  f"on {store.machine()} (report: {out / 'report.md'})."]
         preset = outputs.write_preset((args.preset_dir or CONF_DIR / "experiment") / f"{name}.yaml",
                                       [*sp.base, *winner["overrides"]], notes)
     paths = outputs.write(state, out, command, preset)
+    for b in state["budget"]:
+        print(f"[tune] {outputs.budget_ended(b)}", flush=True)
+    print(f"[tune] {end['why']}\n[tune] next: {end['next']}", flush=True)
     print(f"[tune] report: {paths['md']}" + (f"; preset: {preset}" if preset else ""), flush=True)
     if args.results and winner and preset:
         row = result_row(state, sp.base, versus)
         store.append(args.results, f"tune_{name}", command, row.pop("metrics"), **row, preset=str(preset),
                      tune_dir=str(out))
-    if args.plan:
-        return 0
-    if state.get("stopped"):
-        return PAUSED
+    if end["reason"] != "done":
+        return EXIT[end["reason"]]
     return 0 if winner else 1
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     tune = sub.add_parser("tune", help="search the guidance's knobs for this model and world; write the best as a "
-                          "preset", description=__doc__)
+                          "preset", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     tune.add_argument("overrides", nargs="*", help="train.py overrides: model, data, hardware, nodes, gpus_per_node, "
                       "train.global_batch_size, ...; hydra/launcher=slurm hydra.launcher.* for Slurm")
-    tune.add_argument("--budget-gpu-min", type=float, help="GPU minutes the search may spend (every invocation's)")
-    tune.add_argument("--max-wall-min", type=float, help="start no trial after this many minutes of this "
-                      f"invocation; exit {PAUSED}: the same command resumes")
+    tune.add_argument("--budget-gpu-min", type=float, help="GPU minutes the search may spend (every invocation's); "
+                      f"one too small for the first stage and the finalists: exit {BLOCKED} before any trial, naming "
+                      "the least")
+    tune.add_argument("--max-wall-min", type=float, help="start no trial that would end after this many minutes of "
+                      f"this invocation; exit {PAUSED}: the same command resumes (exit {BLOCKED}: one trial is longer)")
     tune.add_argument("--spec", default="default", help="conf/tune/<spec>.yaml or a path (default: default)")
     tune.add_argument("--name", help="the preset's and tune dir's name (default: tune_<hash of the overrides>)")
     tune.add_argument("--dir", type=Path, help="tune dir (default: outputs/tune/<name>): state.json, trials, report")
