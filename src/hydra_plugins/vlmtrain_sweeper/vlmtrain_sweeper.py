@@ -148,9 +148,9 @@ class VlmtrainSweeper(BasicSweeper):
         return job
 
     def placed(self, run: "RunConfig", launcher: dict[str, Any]) -> tuple["Placement", "Resolved"]:
-        """config.resolve.placed for this job's launcher: the GPUs and tasks per node Slurm will allocate
+        """check.defaults.placed for this job's launcher: the GPUs and tasks per node Slurm will allocate
         (hydra/launcher=slurm), else this node's GPUs (the basic and submitit_local launchers run jobs here)."""
-        from vlmtrain.config.resolve import placed
+        from vlmtrain.check.defaults import placed
 
         if str(launcher.get("_target_", "")).endswith(".SlurmLauncher"):
             return placed(run, int(launcher.get("gpus_per_node") or 0),
