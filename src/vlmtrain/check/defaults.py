@@ -1,10 +1,11 @@
 """Fast defaults: the `auto` options settled for the world a run is placed on, before preflight.
 
 A user who names only the model, data, hardware and world gets every replacement proven equal for that model
-and hardware: the kernels group's (config.groups.kernels.settle) and packing at the largest capacity the memory
-estimate fits (here, in check/, because it needs the estimate and the packing proofs). Each value set explicitly
-wins; each replacement left off is recorded with why (`Resolved.auto`), which preflight's `auto_left_off` says and
-the dry-run plan shows. `placed` is the one path train.py, the -m sweeper and the tuner's candidates take.
+and hardware: the layout measured fastest for the world size, the kernels group's (config.groups.kernels.settle)
+and packing at the largest capacity the memory estimate fits (here, in check/, because it needs the estimate and
+the packing proofs). Each value set explicitly wins; each replacement left off is recorded with why
+(`Resolved.auto`), which preflight's `auto_left_off` says and the dry-run plan shows. `placed` is the one path
+train.py, the -m sweeper and the tuner's candidates take.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from vlmtrain.config.groups import kernels, precision
 from vlmtrain.config.groups.data import AUTO
 from vlmtrain.config.groups.model import Family
 from vlmtrain.config.groups.parallelism import Kind as ParKind
+from vlmtrain.config.groups.parallelism import is_fsdp
 from vlmtrain.config.resolve import Auto, Resolved, resolve
 
 if TYPE_CHECKING:
@@ -42,11 +44,26 @@ def placed(run: RunConfig, node_gpus: int, slurm_tasks_per_node: int | None = No
 
 
 def settle(run: RunConfig) -> Resolved:
-    """Every `auto` option of `run` settled in place (the kernels first: the ViT's padded heads cost memory the
-    packing capacity must leave room for), then resolved, with what was settled in `Resolved.auto`."""
-    picks = kernels.settle(run, three_d=run.parallelism.kind == ParKind.three_d)
+    """Every `auto` option of `run` settled in place (the layout first: weight-gradient fusion depends on it; then
+    the kernels: the ViT's padded heads cost memory the packing capacity must leave room for), then resolved, with
+    what was settled in `Resolved.auto`."""
+    picks = _layout(run)
+    picks += kernels.settle(run, three_d=not is_fsdp(run))
     picks += _packing(run)
     return dataclasses.replace(resolve(run), auto=tuple(picks))
+
+
+def _layout(run: RunConfig) -> list[Auto]:
+    """parallelism=auto settled for the world size: 3d on one GPU (EP 1, the only degree there), else fsdp."""
+    if run.parallelism.kind != ParKind.auto:
+        return []
+    if run.nodes * world.gpus_per_node(run) == 1:
+        run.parallelism.kind = ParKind.three_d
+        return [Auto("parallelism", "3d", "one GPU: 3D (EP 1) ran 1.16x Megatron-FSDP's useful tokens/s at H1 "
+                     "(results/tune_h200/report.md, layout stage)")]
+    run.parallelism.kind = ParKind.fsdp
+    return [Auto("parallelism", "fsdp", "more than one GPU: Megatron-FSDP, the guidance's first layout "
+                 "(docs/design.md, FSDP first); parallelism=3d is one override away")]
 
 
 def packing_off(run: RunConfig) -> str | None:
