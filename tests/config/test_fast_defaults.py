@@ -37,7 +37,7 @@ def test_h1_defaults_are_the_one_h200_preset(bridge, tmp_path):
     assert best.data.packing <= cap <= defaults.PACK_ROWS * run.train.seq_length and cap % defaults.PACK_STEP == 0
     assert memory.estimate(run, res).total <= run.hardware.memory_gib
     assert not preflight.errors(preflight.check(run, res)) and left_off(run, res) == {}
-    assert {a.key for a in res.auto} >= {"parallelism", "data.packing", "kernels.wgrad_fusion"}
+    assert {a.option for a in res.auto} >= {"parallelism", "data.packing", "kernels.wgrad_fusion"}
     cfg = container.build(run, res)
     target.finalize(run, res, cfg)
     assert (cfg.model.seq_length, cfg.dataset.seq_length) == (cap, cap)
@@ -102,9 +102,9 @@ def test_explicit_values_win():
                       "parallelism=fsdp", "kernels.vit_attention_head_dim=96")
     assert res.packing_capacity is None and run.parallelism.kind == "fsdp"
     assert run.kernels.vit_attention_head_dim == 96 and run.kernels.rope == "te"
-    assert {a.key for a in res.auto}.isdisjoint({"data.packing", "parallelism", "kernels.vit_attention_head_dim"})
+    assert {a.option for a in res.auto}.isdisjoint({"data.packing", "parallelism", "kernels.vit_attention_head_dim"})
     run, res = placed("model=tiny", "kernels=default", "gpus_per_node=1")
-    assert res.auto and not any(a.key.startswith("kernels.") for a in res.auto)
+    assert res.auto and not any(a.option.startswith("kernels.") for a in res.auto)
     assert not run.kernels.router_fusion and run.kernels.rope == "unfused"
     run, res = placed("experiment=perf_h200_best")
     assert res.auto == () and res.packing_capacity == 12032

@@ -30,7 +30,7 @@ ENV_GROUPS = ("hardware", "kernels", "model", "dispatcher", "cuda_graph")
 class Auto:
     """What an `auto` default was settled to where the run is placed (check.defaults), and why."""
 
-    key: str
+    option: str
     """The option settled: `data.packing`, or `kernels.<field>` for each replacement."""
     value: str
     """What it runs with: the capacity, the field's value, or `off`."""

@@ -14,4 +14,4 @@ if TYPE_CHECKING:
 @rule(Severity.info)
 def auto_left_off(run: RunConfig, res: Resolved) -> list[str]:
     """Not a refusal: a user who named no option learns which proven replacement this run lacks and why."""
-    return [f"{a.key.removeprefix('data.')} off: {a.why}" for a in res.left_off]
+    return [f"{a.option.removeprefix('data.')} off: {a.why}" for a in res.left_off]

@@ -174,6 +174,8 @@ def settle(run: RunConfig, three_d: bool) -> list[Auto]:
     wanted: dict[str, tuple[object, str | None]] = {
         name: (getattr(fast, name), None if sm90 or name in ANY_GPU else f"measured on SM90 (H100/H200) only, not {on}")
         for name in vars(base) if name != "auto" and getattr(fast, name) != getattr(base, name)}
+    if "moe_grouped_gemm" in wanted and not sm90:
+        wanted["moe_grouped_gemm"] = (fast.moe_grouped_gemm, f"the CUTLASS grouped GEMM is SM90-only, not {on}")
     preset = None if sm90 and run.model.family == Family.qwen3_vl else (
         f"measured with Qwen3-VL on SM90 only (experiment=perf_h200_best), not model={run.model.name} on {on}")
     own = architecture.vit_head_dim(run.model)
