@@ -22,7 +22,8 @@ which Bridge's generic `vlm_step` hands to Qwen3VLModel as PackedSeqParams (per-
 boundaries); `packing_static=true` (forced by CUDA graphs and PP>1) pads the row to exactly the capacity. Bridge
 sees train.micro_batch_size=1 and train.global_batch_size bins per step, and model.seq_length = the capacity.
 Bridge's Qwen3-VL-specific `qwen3_vl_step` would instead defer packing to the step and keep every sample padded
-(its `cu_seqlens` are multiples of the padded length), so it is used only without packing.
+(its `cu_seqlens` are multiples of the padded length), so it is used only without packing. `packing=auto` (the
+default) is settled where the run is placed (vlmtrain.check.defaults): a capacity where packing is proven and fits.
 """
 
 from __future__ import annotations
