@@ -9,9 +9,9 @@ from omegaconf import DictConfig
 from vlmtrain import worker
 from vlmtrain.build import plan
 from vlmtrain.check import preflight
+from vlmtrain.check.defaults import placed
 from vlmtrain.config import world
 from vlmtrain.config.compose import to_run
-from vlmtrain.config.resolve import placed
 from vlmtrain.data import prepare
 from vlmtrain.data.scan import BadSample
 from vlmtrain.launch import local, slurm
@@ -52,7 +52,7 @@ def main(cfg: DictConfig) -> int:
         run.wandb.group = wandb_run.sweep_group(hc.sweep.dir)
     gpus = world.local_gpus()
     tasks = int(slurm.slurm_rank_env()["LOCAL_WORLD_SIZE"]) if slurm.under_slurm() else None
-    _, res = placed(run, gpus, slurm_tasks_per_node=tasks)  # every later stage reads the layout from here
+    _, res = placed(run, gpus, slurm_tasks_per_node=tasks)  # later stages read layout and settled defaults here
     if world.is_dry_run(run, gpus):
         if run.dry_run is None:
             print("[vlmtrain] no GPU on this machine: printing the dry-run plan (dry_run=false forces training).")

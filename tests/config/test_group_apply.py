@@ -45,12 +45,12 @@ def test_a_planted_prefix_overlap_is_caught():
 FROZEN_OPTIONS: dict[str, tuple[str, ...]] = {
     "model": ("qwen35_vl_35b_a3b", "qwen3_vl_235b_a22b", "qwen3_vl_30b_a3b", "tiny", "tiny_qwen35"),
     "data": ("energon", "hf", "jsonl", "mock", "parquet", "realistic", "sample"),
-    "parallelism": ("3d", "fsdp"),
+    "parallelism": ("3d", "auto", "fsdp"),
     "hardware": ("b200", "gb200", "h100", "h200"),
     "dispatcher": ("alltoall", "auto", "deepep", "hybridep"),
     "recompute": ("full", "none", "selective"),
     "cuda_graph": ("attn_moe_router_preprocess", "moe_router_preprocess", "none"),
-    "kernels": ("default", "fast"),
+    "kernels": ("auto", "default", "fast"),
     "vision": ("frozen", "frozen_with_projector", "trainable"),
     "precision": ("bf16", "fp8", "mxfp8", "nvfp4"),
     "train": (),  # set field by field in conf/train.yaml, no options

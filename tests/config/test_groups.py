@@ -270,6 +270,11 @@ TABLE: list[tuple[list[str], dict[str, object]]] = [
         ["kernels=default"],
         {"model.moe_router_fusion": False, "model.cross_entropy_fusion_impl": "native", "model.moe_grouped_gemm": True},
     ),
+    (  # the default before check.defaults settles it (a run resolved without placement): Bridge's kernels, FSDP
+        ["kernels=auto", "parallelism=auto"],
+        {"model.moe_router_fusion": False, "model.cross_entropy_fusion_impl": "native",
+         "model.gradient_accumulation_fusion": False, "ddp.use_megatron_fsdp": True, "model.seq_length": 4096},
+    ),
     (
         ["kernels=fast", "hardware=h100"],
         {"model.moe_router_fusion": True, "model.cross_entropy_fusion_impl": "te",

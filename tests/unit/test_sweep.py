@@ -61,8 +61,8 @@ def test_sweeps_expand_to_unique_benchmark_cases() -> None:
                                                        "data.packing"))
         assert (f"_gbs{gbs}" in case.name) == (gbs != GBS) and (f"_mbs{mbs}_" in case.name), case.name
         # a packed case of MBS m runs one row of max(m x 1024, 4096) tokens per micro-batch, MBS 1, GBS / m rows
-        runs = (f"data.packing={max(mbs * 1024, 4096)}", 1, gbs // mbs) if packed else (None, mbs, gbs)
-        assert [o for o in case.overrides if o.startswith("data.packing")] == [o for o in runs[:1] if o], case.name
+        runs = (f"data.packing={max(mbs * 1024, 4096)}", 1, gbs // mbs) if packed else ("data.packing=false", mbs, gbs)
+        assert [o for o in case.overrides if o.startswith("data.packing")] == [runs[0]], case.name
         assert {f"train.micro_batch_size={runs[1]}", f"train.global_batch_size={runs[2]}"} <= set(case.overrides)
         assert not any(o.startswith("preflight.ignore") for o in case.overrides), case.name  # the estimate fits
     assert [c.name for c in expand(["all"], ["mock"])] == [PERF.case({"data": "mock"}).name]
@@ -70,7 +70,9 @@ def test_sweeps_expand_to_unique_benchmark_cases() -> None:
 
 def legacy_as_run(config: list[str]) -> list[str]:
     """A row recorded before packing by token budget (m samples packed per micro-batch: data.packing=true, from
-    MBS 4 on with preflight.ignore=[memory_fits]) as the capacity form its case now runs as."""
+    MBS 4 on with preflight.ignore=[memory_fits]) as the capacity form its case now runs as; and recorded before the
+    auto defaults, when Bridge's kernels and no packing needed no override (the spec now names them)."""
+    config = [*config, "kernels=default", *([] if "data.packing=true" in config else ["data.packing=false"])]
     if "data.packing=true" not in config:
         return config
     kept = [o for o in config if o != "preflight.ignore=[memory_fits]"]

@@ -47,8 +47,11 @@ def config_key(overrides: list[str]) -> str:
 
 
 def as_capacity(config: list[str]) -> list[str]:
-    """A row's overrides in today's form: a packed row (data.packing=true at MBS m, GBS g, recorded before packing
-    by token budget) as its case now runs, by the benchmark spec's mbs_as_capacity (conf/tune/perf_h200x2.yaml)."""
+    """A row's overrides in today's form: recorded before the auto defaults, with Bridge's kernels and no packing
+    named (the spec's base and knob now name them); a packed row (data.packing=true at MBS m, GBS g, recorded before
+    packing by token budget) as its case now runs, by the benchmark spec's mbs_as_capacity
+    (conf/tune/perf_h200x2.yaml)."""
+    config = [*config, "kernels=default", *([] if "data.packing=true" in config else ["data.packing=false"])]
     if "data.packing=true" not in config:
         return config
     rule = spec.load("perf_h200x2").knobs["data.packing"].mbs_as_capacity

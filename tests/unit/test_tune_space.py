@@ -61,7 +61,7 @@ def test_h1_batch_stage_prunes_by_the_capacity() -> None:
     s = spec.load("default")
     s.base = [*s.base, *H1]
     space.fill_defaults(s, 1)
-    assert s.defaults["layout"] == "fsdp-ep1" and s.defaults["data.num_workers"] == 2
+    assert s.defaults["layout"] == "3d-ep1" and s.defaults["data.num_workers"] == 2  # parallelism=auto, one GPU
     run = space.placed(s.base, 1)
     batch = s.stages[0]
     cands = space.prune(s, space.candidates(s, [s.defaults],

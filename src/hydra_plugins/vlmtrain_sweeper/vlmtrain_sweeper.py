@@ -148,9 +148,9 @@ class VlmtrainSweeper(BasicSweeper):
         return job
 
     def placed(self, run: "RunConfig", launcher: dict[str, Any]) -> tuple["Placement", "Resolved"]:
-        """config.resolve.placed for this job's launcher: the GPUs and tasks per node Slurm will allocate
+        """check.defaults.placed for this job's launcher: the GPUs and tasks per node Slurm will allocate
         (hydra/launcher=slurm), else this node's GPUs (the basic and submitit_local launchers run jobs here)."""
-        from vlmtrain.config.resolve import placed
+        from vlmtrain.check.defaults import placed
 
         if str(launcher.get("_target_", "")).endswith(".SlurmLauncher"):
             return placed(run, int(launcher.get("gpus_per_node") or 0),
@@ -265,7 +265,7 @@ def write_preflight(path: Path, jobs: list[SweepJob], launched: bool, preflight_
 
 def summary_table(jobs: list[SweepJob], path: Path) -> str:
     """One line per job in sweep order: job number (or SKIP), overrides, the world it was checked against, errors
-    or warning rule names."""
+    or the warning and info rule names."""
     n_ok = sum(j.valid for j in jobs)
     width = min(max((len(j.label) for j in jobs), default=9), 80)
     ww = max((len(j.world) for j in jobs), default=5)
@@ -274,8 +274,10 @@ def summary_table(jobs: list[SweepJob], path: Path) -> str:
     for j in jobs:
         head = f"  {'SKIP' if not j.valid else '-' if j.num is None else j.num:>4}  {j.label:<{width}}  {j.world:<{ww}}"
         if j.valid:
-            warned = [f.split(":", 1)[0].removeprefix("[warning] ") for f in j.findings]
-            lines.append(f"{head}  {'warnings: ' + ', '.join(warned) if warned else '-'}")
+            said = {label: [f.split(":", 1)[0].removeprefix(f"[{sev}] ") for f in j.findings
+                            if f.startswith(f"[{sev}]")] for sev, label in (("warning", "warnings"), ("info", "info"))}
+            cells = [f"{label}: " + ", ".join(rules) for label, rules in said.items() if rules]
+            lines.append(f"{head}  {'; '.join(cells) or '-'}")
         else:
             lines.append(f"{head}  {j.findings[0]}")
             lines += [f"  {'':>4}  {'':<{width}}  {'':<{ww}}  {f}" for f in j.findings[1:] if f.startswith("[error]")]

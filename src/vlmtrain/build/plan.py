@@ -83,6 +83,10 @@ def render(run: RunConfig, res: Resolved, cfg: ConfigContainer | None, findings:
     vit = run.precision.vision if precision.quantized(run) else "bf16"
     lines.append(f"precision: {precision.label(run)} (Bridge {precision.recipe_name(run)}; ViT {vit}, "
                  f"router {run.precision.router_dtype})")
+    if res.auto:  # what the auto defaults settled to for this world (check.defaults); preflight says why "off"
+        lines += textwrap.wrap("  ".join(f"{a.option}={a.value}" for a in res.auto), width=118,
+                               initial_indent="auto:     ", subsequent_indent=" " * 10, break_long_words=False,
+                               break_on_hyphens=False)
     if paths := kernels.replacements(run) + precision.replacements(run):
         lines.append("code:     Bridge code the training processes replace (vlmtrain.train.bridge_patches): "
                      + ", ".join(paths))

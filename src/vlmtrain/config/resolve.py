@@ -27,6 +27,18 @@ ENV_GROUPS = ("hardware", "kernels", "model", "dispatcher", "cuda_graph")
 
 
 @dataclass(frozen=True)
+class Auto:
+    """What an `auto` default was settled to where the run is placed (check.defaults), and why."""
+
+    option: str
+    """The option settled: `data.packing`, or `kernels.<field>` for each replacement."""
+    value: str
+    """What it runs with: the capacity, the field's value, or `off`."""
+    why: str
+    """The evidence it rests on, or why it was left off (preflight's info findings say it)."""
+
+
+@dataclass(frozen=True)
 class Resolved:
     layout: world.Layout
     """Nodes, GPUs per node and every parallel degree (auto EP resolved, `+bridge.model.*` overrides applied)."""
@@ -58,6 +70,13 @@ class Resolved:
     """(fewest, most) LLM tokens of one image after Bridge's collate resizes it."""
     checkpoint_dir: str | None
     """train.checkpoint_dir (its default filled in by config.compose.to_run)."""
+    auto: tuple[Auto, ...] = ()
+    """The `auto` defaults check.defaults settled for this world (empty for a run resolved without placement)."""
+
+    @property
+    def left_off(self) -> tuple[Auto, ...]:
+        """The auto replacements this run goes without (preflight says why)."""
+        return tuple(a for a in self.auto if a.value == "off")
 
     @property
     def env_vars(self) -> dict[str, str]:
@@ -90,6 +109,7 @@ class Resolved:
             "env": self.env,
             "collate_image_tokens": list(self.collate_image_tokens),
             "checkpoint_dir": self.checkpoint_dir,
+            "auto": [dataclasses.asdict(a) for a in self.auto],
         }
 
     @classmethod
@@ -108,6 +128,7 @@ class Resolved:
             env={g: dict(v) for g, v in data["env"].items()},
             collate_image_tokens=(int(data["collate_image_tokens"][0]), int(data["collate_image_tokens"][1])),
             checkpoint_dir=data.get("checkpoint_dir"),
+            auto=tuple(Auto(**a) for a in data.get("auto", [])),
         )
 
 
@@ -157,15 +178,6 @@ def resolve(run: RunConfig) -> Resolved:
         collate_image_tokens=(COLLATE_MIN_TOKENS, COLLATE_MAX_TOKENS),
         checkpoint_dir=t.checkpoint_dir,
     )
-
-
-def placed(run: RunConfig, node_gpus: int,
-           slurm_tasks_per_node: int | None = None) -> tuple[world.Placement, Resolved]:
-    """A composed run placed on the world it will run on (world.placement: `run.gpus_per_node` set to it), then
-    resolved: the one path train.py, the -m sweeper and the tuner's candidates take before preflight."""
-    place = world.placement(run, node_gpus, slurm_tasks_per_node)
-    run.gpus_per_node = place.gpus_per_node
-    return place, resolve(run)
 
 
 def save(resolved: Resolved, run_dir: str | Path) -> Path:

@@ -40,8 +40,8 @@ def as_run_case(spec: Spec, case: SpecCase, iterations: int) -> run_cases.Case:
 
 def composed(spec: Spec, case: SpecCase, **compose_kw: str) -> tuple[RunConfig, Resolved]:
     """The case as `python train.py <case> dry_run=true` composes it, placed on its declared world and resolved."""
+    from vlmtrain.check.defaults import placed
     from vlmtrain.config.compose import compose
-    from vlmtrain.config.resolve import placed
 
     run = compose(run_cases.overrides(as_run_case(spec, case, 1), dry_run=True), **compose_kw)
     return run, placed(run, node_gpus=0)[1]  # a dry run: the declared world, whatever this node has

@@ -22,7 +22,7 @@ from vlmtrain.check.memory.workload import Workload, default_workload
 from vlmtrain.config import architecture as arch
 from vlmtrain.config.groups import precision
 from vlmtrain.config.groups.dispatcher import Backend
-from vlmtrain.config.groups.parallelism import Kind as ParKind
+from vlmtrain.config.groups.parallelism import is_fsdp
 from vlmtrain.config.groups.precision import VisionPrecision
 
 if TYPE_CHECKING:
@@ -153,7 +153,7 @@ def model_state_bytes(run: RunConfig, lay: Layout, sp: StageParams) -> tuple[flo
     dense, expert = sp.vision + sp.projector + sp.decoder_dense, sp.decoder_expert
     t_dense, t_expert = _trainable(run, sp)
     optimizer = optimizer_bytes(run) * (t_dense / lay.dp + t_expert / lay.expert_dp)
-    if run.parallelism.kind == ParKind.fsdp:  # ZeRO-3: weights and grads shard like the optimizer state
+    if is_fsdp(run):  # ZeRO-3: weights and grads shard like the optimizer state
         params = BF16 * (dense / lay.dp + expert / lay.expert_dp)
         grads = GRAD_BYTES * (t_dense / lay.dp + t_expert / lay.expert_dp)
         return params, grads, optimizer, FSDP_STEP_BUFFER_BYTES * (t_dense + t_expert)
@@ -163,7 +163,7 @@ def model_state_bytes(run: RunConfig, lay: Layout, sp: StageParams) -> tuple[flo
 def _fsdp_gather(run: RunConfig, lay: Layout, layers: range) -> float:
     """ZeRO-3 all-gathers one FSDP unit (a transformer layer) ahead of use: about two units' BF16 weights beyond
     the local shard are alive during forward-backward (zero when DP and expert-DP are 1: nothing is sharded)."""
-    if run.parallelism.kind != ParKind.fsdp or not layers:
+    if not is_fsdp(run) or not layers:
         return 0.0
     dense, expert = max((layer_params(run.model, lay, i) for i in layers), key=sum)
     return 2 * BF16 * (dense * (1 - 1 / lay.dp) + expert * (1 - 1 / lay.expert_dp))

@@ -23,6 +23,7 @@ from vlmtrain.check.preflight import data  # noqa: F401
 from vlmtrain.check.preflight import validation  # noqa: F401
 from vlmtrain.check.preflight import precision  # noqa: F401
 from vlmtrain.check.preflight import memory  # noqa: F401
+from vlmtrain.check.preflight import defaults  # noqa: F401
 # isort: on
 from vlmtrain.check.preflight.recompute_graphs import deepstack_blocks_full_recompute
 from vlmtrain.check.preflight.registry import (

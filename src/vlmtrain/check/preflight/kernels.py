@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from vlmtrain.check.preflight.registry import Severity, rule
 from vlmtrain.config import architecture
 from vlmtrain.config.groups.kernels import ExpertWgrad, GroupedGemm
-from vlmtrain.config.groups.parallelism import Kind as ParKind
+from vlmtrain.config.groups.parallelism import is_fsdp
 
 if TYPE_CHECKING:
     from vlmtrain.config.resolve import Resolved
@@ -39,7 +39,7 @@ def vit_attention_head_dim_pads(run: RunConfig, res: Resolved) -> str | None:
 @rule(Severity.warning)
 def wgrad_fusion_under_fsdp(run: RunConfig, res: Resolved) -> str | None:
     """Megatron-FSDP has its own path for fused weight gradients (TE >= 2.10); this project measured 3D only."""
-    if run.kernels.wgrad_fusion and run.parallelism.kind == ParKind.fsdp:
+    if run.kernels.wgrad_fusion and is_fsdp(run):
         return ("kernels.wgrad_fusion=true with parallelism=fsdp: Megatron-FSDP writes fused weight gradients its own "
                 "way, and vlmtrain has trained with kernels.wgrad_fusion under parallelism=3d only (tests/gpu/"
                 "test_bridge_patches_gpu.py). Compare its losses with kernels.wgrad_fusion=false before relying on it.")

@@ -39,7 +39,7 @@ def memory_message(run: RunConfig, res: Resolved, b: memory.MemoryBreakdown, ver
     return (f"model={run.model.name} {verdict}: estimated {b.total:.0f} GiB per GPU (PP stage {b.stage}; largest: "
             + ", ".join(f"{k} {v:.0f}" for k, v in top)
             + f") vs hardware={run.hardware.name} memory_gib={run.hardware.memory_gib:.0f}, with "
-            f"parallelism={c.get('parallelism', run.parallelism.kind)} (EP {lay.ep}, DP {lay.dp}), "
+            f"parallelism={run.parallelism.kind} (EP {lay.ep}, DP {lay.dp}), "
             f"recompute={c.get('recompute', run.recompute.granularity)}, "
             f"train.micro_batch_size={run.train.micro_batch_size}, seq {b.seq_len}. Try {fewer}, a larger "
             f"parallelism.ep (more nodes once EP spans all GPUs) or {smaller}." + hints)

@@ -42,15 +42,20 @@ def packing_is_one_bin(run: RunConfig, res: Resolved) -> str | None:
     return None
 
 
-@rule(Severity.error)
-def packing_needs_scanned_data(run: RunConfig, res: Resolved) -> str | None:
+def unscanned(run: RunConfig) -> bool:
     """Bins are decided from every sample's exact length in the data scan; Energon and mock samples are made in
     the ranks (and hub presets are downloaded there), so there is nothing to bin beforehand."""
     from vlmtrain.config.groups.data import Kind
 
-    cap, d = res.packing_capacity, run.data
+    d = run.data
     hub = d.kind == Kind.hf and d.path is not None and not Path(d.path).expanduser().exists()
-    if cap and (d.kind in (Kind.energon, Kind.mock) or hub):
+    return d.kind in (Kind.energon, Kind.mock) or hub
+
+
+@rule(Severity.error)
+def packing_needs_scanned_data(run: RunConfig, res: Resolved) -> str | None:
+    cap, d = res.packing_capacity, run.data
+    if cap and unscanned(run):
         return (f"data={d.kind} with data.packing={cap}: packing bins the samples by their exact token lengths "
                 "before any GPU work, which needs data the scan reads (sample, realistic, jsonl, parquet, or a "
                 "local hf dataset). Use data.packing=false, or export the data (`vlmtrain data export`).")

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from vlmtrain.check.preflight.registry import Severity, bridge, rule
 from vlmtrain.config import world
-from vlmtrain.config.groups.parallelism import Kind as ParKind
+from vlmtrain.config.groups.parallelism import is_fsdp
 
 if TYPE_CHECKING:
     from vlmtrain.config.resolve import Resolved
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 @rule(Severity.error)
 def fsdp_needs_pp1(run: RunConfig, res: Resolved) -> str | None:
     lay = res.layout
-    if run.parallelism.kind == ParKind.fsdp and lay.pp > 1:
+    if is_fsdp(run) and lay.pp > 1:
         return (f"parallelism=fsdp with parallelism.pp={lay.pp}: Megatron-FSDP does not support pipeline parallelism "
                 "(Bridge validates it but it fails in practice). Use parallelism.pp=1 or parallelism=3d.")
     return None
@@ -25,7 +25,7 @@ def fsdp_needs_pp1(run: RunConfig, res: Resolved) -> str | None:
 @rule(Severity.error)
 def fsdp_checkpoint_format(run: RunConfig, res: Resolved) -> str | None:
     fmt = bridge(run, "checkpoint", "ckpt_format")
-    if run.parallelism.kind == ParKind.fsdp and fmt not in (None, "fsdp_dtensor"):
+    if is_fsdp(run) and fmt not in (None, "fsdp_dtensor"):
         return (f"parallelism=fsdp needs checkpoint.ckpt_format=fsdp_dtensor; +bridge.checkpoint.ckpt_format={fmt} "
                 "given.")
     return None

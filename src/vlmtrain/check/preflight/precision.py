@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from vlmtrain.check.preflight.registry import Severity, rule
 from vlmtrain.config.groups import cuda_graph, precision
 from vlmtrain.config.groups.kernels import GroupedGemm
-from vlmtrain.config.groups.parallelism import Kind as ParKind
+from vlmtrain.config.groups.parallelism import is_fsdp
 from vlmtrain.config.groups.precision import Format, Scaling, VisionPrecision
 
 if TYPE_CHECKING:
@@ -76,7 +76,7 @@ def quantized_unmeasured_combination(run: RunConfig, res: Resolved) -> str | Non
 
 @rule(Severity.warning)
 def mxfp8_buffer_reuse_off_under_fsdp(run: RunConfig, res: Resolved) -> str | None:
-    if run.precision.format == Format.mxfp8 and run.parallelism.kind == ParKind.fsdp:
+    if run.precision.format == Format.mxfp8 and is_fsdp(run):
         return ("precision=mxfp8 with parallelism=fsdp: Bridge turns reuse_grad_buf_for_mxfp8_param_ag off (not "
                 "implemented for Megatron-FSDP), so the MXFP8 parameter all-gather takes its own buffer; the memory "
                 "estimate does not count it. parallelism=3d keeps the reuse.")
@@ -86,7 +86,7 @@ def mxfp8_buffer_reuse_off_under_fsdp(run: RunConfig, res: Resolved) -> str | No
 @rule(Severity.warning)
 def precision_aware_optimizer_under_fsdp(run: RunConfig, res: Resolved) -> str | None:
     """Megatron-FSDP shards the optimizer its own way; the precision-aware optimizer was trained under 3D only."""
-    if run.precision.precision_aware_optimizer and run.parallelism.kind == ParKind.fsdp:
+    if run.precision.precision_aware_optimizer and is_fsdp(run):
         return ("precision.precision_aware_optimizer=true with parallelism=fsdp: vlmtrain has trained with TE's "
                 "precision-aware FusedAdam under parallelism=3d only (tests/gpu/test_bridge_patches_gpu.py). Compare "
                 "its losses with precision.precision_aware_optimizer=false before relying on it.")

@@ -1,7 +1,8 @@
 """The one preflight registry: findings, the rule decorator every rule module registers through, and the checks.
 
-A rule is `fn(run, resolved) -> message | None`: it reads the derived values (layout, stage split, padding) from
-config.resolve's `Resolved`, never derives them again, and never mutates the run.
+A rule is `fn(run, resolved) -> message | None` (or a list of messages: one finding each): it reads the derived
+values (layout, stage split, padding) from config.resolve's `Resolved`, never derives them again, and never mutates
+the run.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ if TYPE_CHECKING:
 class Severity(StrEnum):
     error = "error"
     warning = "warning"
+    info = "info"
+    """Not a problem: what the run goes without and why (the `auto` defaults left off)."""
 
 
 @dataclass(frozen=True)
@@ -41,7 +44,7 @@ class PreflightError(ValueError):
         super().__init__("preflight failed:\n" + "\n".join(f"  {f}" for f in findings))
 
 
-Rule = Callable[["RunConfig", "Resolved"], str | None]
+Rule = Callable[["RunConfig", "Resolved"], str | list[str] | None]
 RULES: list[tuple[Severity, Rule]] = []
 """Every rule in registration order (the order of vlmtrain.check.preflight's rule modules, then of each module)."""
 
@@ -64,10 +67,9 @@ def check(run: RunConfig, res: Resolved) -> list[Finding]:
     downgraded to warnings."""
     out = []
     for severity, fn in RULES:
-        msg = fn(run, res)
-        if msg:
-            sev = Severity.warning if fn.__name__ in run.preflight.ignore else severity
-            out.append(Finding(fn.__name__, sev, msg))
+        msgs = fn(run, res) or []
+        sev = Severity.warning if severity == Severity.error and fn.__name__ in run.preflight.ignore else severity
+        out += [Finding(fn.__name__, sev, msg) for msg in ([msgs] if isinstance(msgs, str) else msgs)]
     return out
 
 

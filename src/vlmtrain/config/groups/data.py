@@ -30,7 +30,8 @@ which Bridge's generic `vlm_step` hands to Qwen3VLModel as PackedSeqParams (per-
 boundaries); `packing_static=true` (forced by CUDA graphs and PP>1) pads the row to exactly the capacity. Bridge
 sees train.micro_batch_size=1 and train.global_batch_size bins per step, and model.seq_length = the capacity.
 Bridge's Qwen3-VL-specific `qwen3_vl_step` would instead defer packing to the step and keep every sample padded
-(its `cu_seqlens` are multiples of the padded length), so it is used only without packing.
+(its `cu_seqlens` are multiples of the padded length), so it is used only without packing. `packing=auto` (the
+default) is settled where the run is placed (vlmtrain.check.defaults): a capacity where packing is proven and fits.
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ class Kind(StrEnum):
 
 
 OWNS = frozenset({"dataset"})
+AUTO = "auto"
+"""data.packing's default: settled where the run is placed (check.defaults)."""
 
 
 class TokenSampling(StrEnum):
@@ -150,10 +153,13 @@ class DataConfig:
     mock_num_images: int = 1
     mock_image_size: list[int] = field(default_factory=lambda: [256, 256])
     pad_to_max_length: bool = False
-    packing: Any = False
-    """false (off) or the capacity: tokens per micro-batch row. Samples are binned in data order into rows of
-    <= capacity real tokens (none dropped or split; a longer sample is an error), one bin per micro-batch, trained
-    through Bridge's vlm_step (see forward_step())."""
+    packing: Any = AUTO
+    """false (off), the capacity: tokens per micro-batch row, or auto (the default). Samples are binned in data
+    order into rows of <= capacity real tokens (none dropped or split; a longer sample is an error), one bin per
+    micro-batch, trained through Bridge's vlm_step (see forward_step()). auto: where the run is placed
+    (check.defaults), the largest capacity up to 3 x train.seq_length that the memory estimate fits, wherever
+    packing is proven and possible, else off (preflight says why); a run resolved without placement reads it as
+    off."""
     packing_static: bool = False
     """Pad every packed row to exactly the capacity (static shapes; forced by CUDA graphs and PP>1): one padding
     span at the row's end, loss-masked, counted as padding."""
@@ -174,14 +180,14 @@ class DataConfig:
             raise ValueError("data.packing=true is no longer a packing mode: data.packing is the capacity in tokens "
                              "per micro-batch row, e.g. data.packing=8192 with train.micro_batch_size=1 "
                              "(train.global_batch_size then counts rows); data.packing=false turns it off.")
-        if p is not False and (isinstance(p, bool) or not isinstance(p, int) or p < 1):
-            raise ValueError(f"data.packing={p!r}: use false or a positive number of tokens per micro-batch row, "
-                             "e.g. data.packing=8192.")
+        if p is not False and p != AUTO and (isinstance(p, bool) or not isinstance(p, int) or p < 1):
+            raise ValueError(f"data.packing={p!r}: use false, auto or a positive number of tokens per micro-batch "
+                             "row, e.g. data.packing=8192.")
 
 
 def capacity(run: RunConfig) -> int | None:
-    """Tokens per packed micro-batch row (data.packing), or None without packing."""
-    return None if run.data.packing is False else int(run.data.packing)
+    """Tokens per packed micro-batch row (data.packing), or None without packing (an unsettled auto included)."""
+    return None if run.data.packing is False or run.data.packing == AUTO else int(run.data.packing)
 
 
 def row_length(run: RunConfig) -> int:

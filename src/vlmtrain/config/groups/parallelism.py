@@ -7,6 +7,9 @@
 |        | `checkpoint.ckpt_format=fsdp_dtensor` (Bridge asserts it)                                            |
 | 3d     | the TP/PP/VPP/CP/EP/ETP knobs, SP when TP>1, distributed optimizer, `ckpt_format=torch_dist`          |
 
+| auto   | the default: `3d` on a one-GPU world (EP 1: measured 1.16x FSDP at H1, results/tune_h200/report.md), else |
+|        | `fsdp` (the guidance's first layout), settled where the run is placed (check.defaults); unsettled: fsdp |
+
 `ep: null` means "auto": the largest degree dividing both the expert count and the ranks per pipeline stage.
 """
 
@@ -26,6 +29,8 @@ if TYPE_CHECKING:
 class Kind(StrEnum):
     fsdp = "fsdp"
     three_d = "3d"
+    auto = "auto"
+    """The default: 3d with EP 1 on one GPU, else fsdp, settled where the run is placed (check.defaults)."""
 
 
 KINDS = tuple(k.value for k in Kind)
@@ -59,7 +64,8 @@ OWNS = frozenset(
 @dataclass
 class ParallelismConfig:
     kind: str = "fsdp"
-    """fsdp: Megatron-FSDP (bring-up, memory first); 3d: TP/PP/EP layouts (higher ceiling after tuning)."""
+    """fsdp: Megatron-FSDP (bring-up, memory first); 3d: TP/PP/EP layouts (higher ceiling after tuning); auto:
+    settled to 3d on one GPU, else fsdp, where the run is placed (check.defaults)."""
     tp: int = 1
     """Tensor parallel size (model.tensor_model_parallel_size); must divide the KV heads."""
     pp: int = 1
@@ -78,7 +84,13 @@ class ParallelismConfig:
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
-            raise ValueError(f"parallelism.kind={self.kind!r}: choose one of {KINDS} (parallelism=fsdp|3d).")
+            raise ValueError(f"parallelism.kind={self.kind!r}: choose one of {KINDS} (parallelism=fsdp|3d|auto).")
+
+
+def is_fsdp(run: RunConfig) -> bool:
+    """Megatron-FSDP: parallelism=fsdp, or an auto not yet settled (check.defaults), which reads as the guidance's
+    first layout."""
+    return run.parallelism.kind in (Kind.fsdp, Kind.auto)
 
 
 def apply(run: RunConfig, res: Resolved, cfg: ConfigContainer) -> None:
@@ -93,7 +105,7 @@ def apply(run: RunConfig, res: Resolved, cfg: ConfigContainer) -> None:
     m.sequence_parallel = lay.tp > 1
     m.num_layers_in_first_pipeline_stage = run.parallelism.first_stage_layers
     m.num_layers_in_last_pipeline_stage = run.parallelism.last_stage_layers
-    fsdp = run.parallelism.kind == Kind.fsdp
+    fsdp = is_fsdp(run)
     m.init_model_with_meta_device = fsdp
     cfg.ddp.use_megatron_fsdp = fsdp
     cfg.dist.use_megatron_fsdp = fsdp

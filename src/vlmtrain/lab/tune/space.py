@@ -120,12 +120,12 @@ def candidates(spec: Spec, parents: list[dict[str, Any]], grids: list[dict[str, 
 
 
 def placed_resolved(overrides: list[str], node_gpus: int) -> tuple[RunConfig, Resolved]:
-    """The run as train.py composes it, placed on the world it will run on and resolved (config.resolve.placed)."""
-    from vlmtrain.config import resolve
+    """The run as train.py composes it, placed on the world it will run on and resolved (check.defaults.placed)."""
+    from vlmtrain.check import defaults
     from vlmtrain.config.compose import compose
 
     run = compose(overrides)
-    return run, resolve.placed(run, node_gpus)[1]
+    return run, defaults.placed(run, node_gpus)[1]
 
 
 def placed(overrides: list[str], node_gpus: int) -> RunConfig:
