@@ -55,7 +55,7 @@ def test_a_longer_sequence_steps_the_capacity_down_to_fit():
 
 
 def test_more_gpus_keep_fsdp_and_say_what_it_leaves_off(bridge, tmp_path):
-    run, res = placed("model=tiny", "gpus_per_node=8", tmp=str(tmp_path))
+    run, res = placed("model=tiny", "data=realistic", "gpus_per_node=8", tmp=str(tmp_path))
     assert run.parallelism.kind == "fsdp" and not run.kernels.wgrad_fusion and res.packing_capacity
     assert run.kernels.vit_attention_head_dim is None  # the tiny ViT's 64-channel heads: padding not measured
     assert set(left_off(run, res)) == {"kernels.wgrad_fusion", "kernels.vit_attention_head_dim"}
@@ -87,13 +87,14 @@ def test_blackwell_keeps_only_what_is_exact_on_any_gpu():
 
 @pytest.mark.parametrize(("overrides", "why"), [
     (["data=mock"], "data scan"),
+    (["data=sample"], "smoke set"),  # the default data: 16 photos would fill one row
     (["train.micro_batch_size=2"], "train.micro_batch_size=2"),
     (["precision=fp8"], "BF16"),
     (["data.truncate_long_samples=true"], "cuts"),
     (["cuda_graph=attn_moe_router_preprocess"], "CUDA graph"),
 ])
 def test_packing_stays_off_where_it_cannot_run(overrides, why):
-    run, res = placed("model=tiny", *overrides)
+    run, res = placed("model=tiny", "data=realistic", *overrides)
     assert res.packing_capacity is None and why in left_off(run, res)["packing"]
 
 

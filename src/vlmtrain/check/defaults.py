@@ -19,10 +19,12 @@ from vlmtrain.check.preflight.packing import QWEN35_PACKING_PROVEN, unscanned
 from vlmtrain.config import world
 from vlmtrain.config.groups import kernels, precision
 from vlmtrain.config.groups.data import AUTO
+from vlmtrain.config.groups.data import Kind as DataKind
 from vlmtrain.config.groups.model import Family
 from vlmtrain.config.groups.parallelism import Kind as ParKind
 from vlmtrain.config.groups.parallelism import is_fsdp
 from vlmtrain.config.resolve import Auto, Resolved, resolve
+from vlmtrain.data.photos import PHOTOS
 
 if TYPE_CHECKING:
     from vlmtrain.config.schema import RunConfig
@@ -79,6 +81,9 @@ def packing_off(run: RunConfig) -> str | None:
         return f"packing was proven equal in BF16 only, not precision={run.precision.format}"
     if unscanned(run):
         return f"data={run.data.kind} is not read by the data scan, which packing bins from"
+    if run.data.kind == DataKind.sample:
+        return (f"data=sample is the {len(PHOTOS)}-photo smoke set: packed, it fills fewer rows than one global batch "
+                "(each step would repeat the same row)")
     if t.micro_batch_size != 1:
         return (f"train.micro_batch_size={t.micro_batch_size} asks for padded micro-batches (a packed micro-batch "
                 "is one row: train.micro_batch_size=1)")
