@@ -338,7 +338,9 @@ class RecordedRuns:
 
 
 def h1_dir(tmp: Path) -> tuple[Path, dict[str, Any]]:
+    """The recorded H1 state in a tune dir, its base with the defaults it ran under named (as H1_SPEC's base)."""
     recorded = json.loads(H1_STATE.read_text())
+    recorded["base"] = spec.load(H1_SPEC).base
     tmp.mkdir(parents=True, exist_ok=True)
     (tmp / search.STATE).write_text(json.dumps(recorded))
     return tmp, recorded

@@ -218,6 +218,8 @@ def fill_defaults(spec: Spec, node_gpus: int = 0) -> None:
     for key, value in spec.defaults.items():
         if value is not None or spec.knobs[key].options is not None:
             continue
+        if key.startswith("kernels.") and run.choices.get("kernels") == "auto":
+            continue  # kernels=auto settles these per candidate: pinned here, kernels=fast could never turn them off
         if key == "layout":
             spec.defaults[key] = layout_name(run, res)
         else:
