@@ -16,7 +16,7 @@ ENERGON_VAL = ["data=energon", "data.path=/nonexistent/energon", "data.validatio
 CASES: dict[str, tuple[list[str], list[str]]] = {
     "auto_left_off": (  # info: Qwen3.5 is not packed by default (issue 48); Qwen3-VL on one H200 lacks nothing
         ["model=tiny_qwen35", "gpus_per_node=1", "dry_run=true"],
-        ["model=qwen3_vl_30b_a3b", "model.num_layers=4", "gpus_per_node=1", "dry_run=true"],
+        ["model=qwen3_vl_30b_a3b", "model.num_layers=4", "data=realistic", "gpus_per_node=1", "dry_run=true"],
     ),
     "hybridep_topology": (
         [*B30, "hardware=gb200", "dispatcher=hybridep", "nodes=32", "train.global_batch_size=128"],

@@ -67,8 +67,9 @@ def test_h1_case_is_the_shipped_best_on_one_gpu() -> None:
 def test_packing_cases_are_issue_22s_suite() -> None:
     """The cases run_cases' perf_h200 suite held (its overrides as of its last commit), now with the spec's length."""
     shape = ["model=qwen3_vl_30b_a3b", "model.num_layers=4", "data=realistic", "train.global_batch_size=8"]
-    packed = [*shape, "parallelism=3d", "data.packing=8192"]
-    suite = [["model=tiny", "train.global_batch_size=8", "data=realistic", "data.packing=4096"],
+    packed = [*shape, "parallelism=3d", "data.packing=8192", "kernels=default"]
+    suite = [["model=tiny", "train.global_batch_size=8", "data=realistic", "data.packing=4096", "kernels=default",
+              "parallelism=fsdp"],
              [*packed, "cuda_graph=none"], [*packed, "data.packing_static=true", "cuda_graph=none"],
              [*packed, "data.packing_static=true", "cuda_graph=moe_router_preprocess"]]
     cases = PERF.expand(["packing"])

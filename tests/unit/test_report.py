@@ -232,9 +232,9 @@ def test_labels_tell_jobs_apart(jobs: dict[str, report.Job], written: dict[str, 
     texts = labels.distinct_labels(ranked, base)
     assert len(set(texts)) == len(ranked) and not any("…" in t for t in texts)
     by_case = dict(zip((case_name(j) for j in ranked), texts, strict=True))
-    assert by_case["tiny_fsdp_ep1_trainable_recompute-selective_graph-none_1gpu"] == "tiny fsdp ep1 1 GPU " \
+    assert by_case["tiny_fsdp_ep1_trainable_recompute-selective_graph-none_1gpu"] == "tiny auto ep1 1 GPU " \
         "recompute=selective train.iterations=12"  # the 1-GPU cases run 12 iterations since 2026-12-01, others 8
-    assert by_case["30b-shape-l4_fsdp_ep2_trainable_recompute-none_graph-none_2gpu"] == "qwen3_vl_30b_a3b fsdp ep2 " \
+    assert by_case["30b-shape-l4_fsdp_ep2_trainable_recompute-none_graph-none_2gpu"] == "qwen3_vl_30b_a3b auto ep2 " \
         "2 GPUs data=realistic"
     ticks = [t.get_text() for t in plots.plot_component_split(ranked, base, "flops", tmp_path / "s.png")
              .axes[0].get_yticklabels()]

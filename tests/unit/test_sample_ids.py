@@ -55,7 +55,7 @@ def built(request: Any, tmp_path_factory: pytest.TempPathFactory) -> Built:
 
     packed = request.param == "packed"
     mbs = 1 if packed else 2  # a packed micro-batch is one bin (one row)
-    extra = [f"data.packing={CAPACITY}"] if packed else []
+    extra = [f"data.packing={CAPACITY}"] if packed else ["data.packing=false"]
     run = compose([f"train.micro_batch_size={mbs}", *extra], output_dir=str(tmp_path_factory.mktemp("run")))
     prepared = prepare.prepare(run, resolve(run))
     rows = len(prepared.jsonl.read_text().splitlines())
