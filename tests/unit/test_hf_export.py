@@ -99,3 +99,14 @@ def test_cli_names_the_error_and_exits_2(tmp_path: Path, capsys: pytest.CaptureF
     assert cli_main(["export", str(run), "--iteration", "8", "--out", str(tmp_path / "out")]) == 2
     assert "vlmtrain export: iteration 8 was not saved" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_fsdp_dtensor_needs_the_runs_world_on_this_node(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An fsdp_dtensor export runs on the run's own ranks: on a node with fewer GPUs (this CPU machine has none)
+    it is refused, naming both, before the output dir is created."""
+    run, ckpt = run_dir(tmp_path)
+    checkpoint(ckpt, 2, marker=".metadata")
+    assert cli_main(["export", str(run), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "exported on the run's own world (1 node(s) x 8 GPUs) on one node, and this node has 0 GPU(s)" in err
+    assert not (tmp_path / "out").exists()

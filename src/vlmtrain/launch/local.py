@@ -38,9 +38,11 @@ def save_run_config(run: RunConfig, res: Resolved) -> Path:
     return path
 
 
-def launch(run: RunConfig, res: Resolved, module: str = "vlmtrain.worker", log: str = RANKS_LOG) -> int:
+def launch(run: RunConfig, res: Resolved, module: str = "vlmtrain.worker", log: str = RANKS_LOG,
+           args: tuple[str, ...] = ()) -> int:
     """Start one rank per local GPU through torchrun, with the resolved env vars, and wait for them. `module` is
-    what each rank runs on the saved run config (a GPU check may run its own instead of vlmtrain.worker)."""
+    what each rank runs on the saved run config, `args` after its path (a GPU check or `vlmtrain export` may run
+    its own instead of vlmtrain.worker)."""
     path = save_run_config(run, res)
     lay = res.layout
     env = dict(os.environ)
@@ -48,7 +50,7 @@ def launch(run: RunConfig, res: Resolved, module: str = "vlmtrain.worker", log: 
     env.setdefault("PYTHONUNBUFFERED", "1")
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={lay.gpus_per_node}",
            f"--nnodes={lay.nodes}", "--master-port", master_port(env),
-           "-m", module, str(path)]
+           "-m", module, str(path), *args]
     print(f"[vlmtrain] launching {lay.world_size} rank(s): {' '.join(cmd)}", flush=True)
     return tee(cmd, env, Path(run.output_dir) / log)
 

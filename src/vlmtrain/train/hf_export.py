@@ -6,23 +6,33 @@ is one of them (default: the one latest_checkpointed_iteration.txt names), and t
 is read from the iteration's files, as Bridge's loader detects it: metadata.json is torch_dist, .metadata is
 fsdp_dtensor (PyTorch DCP).
 
-The conversion is Megatron Bridge's own: `AutoBridge.export_ckpt` builds the model from the checkpoint's saved
-provider with CPU-initialized weights in a gloo group (Transformer Engine's layers still need a CUDA device to be
-built: export runs on a GPU machine), loads its weights, and `save_hf_pretrained` writes config.json and the
-safetensors through the same parameter mapping that imports HF weights. The HF config and processor come from
-the run: its `model.hf_path` dir when set, else the model group's `hf_config` and vlmtrain's offline processor.
+The conversion is Megatron Bridge's own, with the same parameter mapping that imports HF weights.
+- torch_dist: `AutoBridge.export_ckpt` builds the model from the checkpoint's saved provider with CPU-initialized
+  weights in a gloo group (Transformer Engine's layers still need a CUDA device to be built: export runs on a GPU
+  machine), loads its weights, and `save_hf_pretrained` writes config.json and the safetensors.
+- fsdp_dtensor (Megatron-FSDP's PyTorch DCP shards, which export_ckpt cannot read): the run's own ranks, on its
+  world on one node, load the iteration as a resume does and call save_hf_pretrained, which gathers each sharded
+  weight (`export_sharded`).
+The HF config and processor come from the run: its `model.hf_path` dir when set, else the model group's
+`hf_config` and vlmtrain's offline processor.
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from vlmtrain.launch.local import RUN_CONFIG
+
+if TYPE_CHECKING:
+    from vlmtrain.config.schema import RunConfig
 
 TRACKER = "latest_checkpointed_iteration.txt"
 DONE = "train_state.pt"
 """Bridge writes iter_N/train_state.pt once iteration N's checkpoint is whole; a dir without it was cut short."""
+EXPORT_LOG = "export.log"
 FORMATS = {"metadata.json": "torch_dist", ".metadata": "fsdp_dtensor"}
 """The file each format's finished iteration dir holds (megatron.bridge.training.checkpointing's detection)."""
 
@@ -92,41 +102,131 @@ def locate(run_dir: Path, iteration: int | None, out: Path) -> Source:
     return Source(run_dir, iteration, d, checkpoint_format(d))
 
 
+def hf_side(run: RunConfig, out: Path, say=print) -> None:
+    """Say where the HF config and processor come from; without `model.hf_path`, write vlmtrain's offline
+    processor into `out` first (it moves its finished folder into place), for `bridge_for` to read."""
+    if run.model.hf_path:
+        say(f"HF config and processor from model.hf_path={run.model.hf_path}")
+        return
+    from vlmtrain.data.processor import build_processor
+
+    say("HF config: the model group's hf_config; processor: vlmtrain's offline one")
+    build_processor(out)
+
+
+def bridge_for(run: RunConfig, out: Path) -> tuple[Any, str | None]:
+    """(AutoBridge, source_path for save_hf_pretrained) of the run: its `model.hf_path` dir, else its model group's
+    hf_config with the vision token ids of the processor hf_side wrote into `out`."""
+    import torch  # noqa: F401  (before transformer_engine, which Bridge imports)
+    from megatron.bridge import AutoBridge
+
+    if run.model.hf_path:
+        return AutoBridge.from_hf_pretrained(run.model.hf_path), run.model.hf_path
+    from vlmtrain.config.groups.model import hf_config
+    from vlmtrain.data.processor import vision_token_ids
+
+    return AutoBridge.from_hf_config(hf_config(run.model, vision_token_ids(out))), None
+
+
 def export(src: Source, out: Path, say=print) -> Path:
     """Write the HF checkpoint of `src` into `out` (config.json, safetensors, processor files); returns `out`."""
     from vlmtrain.config.compose import load_run
 
     run = load_run(src.run_dir / RUN_CONFIG)
-    if src.ckpt_format != "torch_dist":
-        raise ExportError(f"{src.iter_dir}: {src.ckpt_format} checkpoints cannot be exported yet (torch_dist only: "
-                          "train with parallelism=3d)")
+    ranks = ranks_for(run) if src.ckpt_format == "fsdp_dtensor" else 0  # before anything is written
     say(f"exporting {src.iter_dir} (iteration {src.iteration}, {src.ckpt_format}) to {out}")
-    import torch  # noqa: F401  (before transformer_engine, which Bridge imports)
-    from megatron.bridge import AutoBridge
-
-    hf_path = run.model.hf_path
-    if hf_path:
-        say(f"HF config and processor from model.hf_path={hf_path}")
-        bridge, source = AutoBridge.from_hf_pretrained(hf_path), hf_path
-    else:
-        from vlmtrain.config.groups.model import hf_config
-        from vlmtrain.data.processor import build_processor, vision_token_ids
-
-        say("HF config: the model group's hf_config; processor: vlmtrain's offline one")
-        build_processor(out)  # first: it moves its finished folder into place
-        bridge, source = AutoBridge.from_hf_config(hf_config(run.model, vision_token_ids(out))), None
+    hf_side(run, out, say)
+    if src.ckpt_format == "fsdp_dtensor":
+        return export_sharded(src, run, ranks, out, say)
+    bridge, source = bridge_for(run, out)
     say("loading the Megatron checkpoint on CPU and converting to HF weights")
     bridge.export_ckpt(str(src.iter_dir), str(out), show_progress=True, source_path=source)
     say(f"done: {out}")
     return out
 
 
-def main(run_dir: Path, iteration: int | None, out: Path) -> int:
-    import sys
+def ranks_for(run: RunConfig) -> int:
+    """The GPUs an fsdp_dtensor export takes: the run's own world, on this node (its Megatron-FSDP layout loads
+    the DCP shards as the run's resume does)."""
+    from vlmtrain.config import world
 
+    want, have = run.nodes * world.gpus_per_node(run), world.local_gpus()
+    if run.nodes > 1 or want > have:
+        raise ExportError(f"an fsdp_dtensor checkpoint is exported on the run's own world ({run.nodes} node(s) x "
+                          f"{world.gpus_per_node(run)} GPUs) on one node, and this node has {have} GPU(s): run "
+                          "`vlmtrain export` on a node with that many GPUs")
+    return want
+
+
+def export_sharded(src: Source, run: RunConfig, ranks: int, out: Path, say=print) -> Path:
+    """fsdp_dtensor: the run's own ranks rebuild its Megatron-FSDP model, load the iteration as a resume would
+    (Bridge's load_fsdp_dtensor_checkpoint, no optimizer state) and write the HF checkpoint through Bridge's
+    save_hf_pretrained, which gathers each sharded weight (`rank_main`). Rank logs: <run dir>/export-iter_N."""
+    from vlmtrain.config.resolve import resolve
+    from vlmtrain.launch import local
+
+    run.output_dir = str(src.run_dir / f"export-{src.iter_dir.name}")
+    run.train.checkpoint_dir = str(src.iter_dir.parent)  # absolute: the ranks may start elsewhere
+    say(f"launching {ranks} rank(s) to load the Megatron-FSDP checkpoint and gather its weights "
+        f"(log: {run.output_dir}/{EXPORT_LOG})")
+    rc = local.launch(run, resolve(run), module=__name__, log=EXPORT_LOG, args=(str(out), str(src.iteration)))
+    if rc != 0 or not (out / "config.json").is_file():
+        raise ExportError(f"the export ranks ended with status {rc} and no {out}/config.json: see "
+                          f"{run.output_dir}/{EXPORT_LOG}")
+    say(f"done: {out}")
+    return out
+
+
+def save_hf(run: RunConfig, out: Path, context: Any) -> None:
+    """Bridge's on_data_init_start, fired once setup() has built the model and loaded the checkpoint and before
+    any dataset is opened: every rank joins save_hf_pretrained, then the process ends (the export needs nothing else
+    of the run: no data loader, step or save)."""
+    import os
+
+    import torch
+
+    bridge, source = bridge_for(run, out)
+    rank0 = torch.distributed.get_rank() == 0
+    bridge.save_hf_pretrained(context.model, str(out), show_progress=rank0, source_path=source, strict=False)
+    torch.distributed.barrier()
+    if rank0:
+        print(f"[vlmtrain] export: HF checkpoint written to {out}", flush=True)
+    os._exit(0)  # Bridge would go on to build the data and train: the export is complete
+
+
+def rank_main(config: str, out: str, iteration: str) -> None:
+    """One export rank (`python -m vlmtrain.train.hf_export <run_config.yaml> <out> <iteration>`): the run's
+    container as training builds it, set to load `iteration` without optimizer or RNG state, through pretrain()."""
+    from functools import partial
+
+    from megatron.bridge.training.callbacks import CallbackManager
+    from megatron.bridge.training.pretrain import pretrain
+
+    from vlmtrain.config import resolve
+    from vlmtrain.config.compose import load_run
+    from vlmtrain.config.groups import data
+    from vlmtrain.train import trainer
+
+    run = load_run(config)
+    res = resolve.load(Path(config).parent)
+    cfg, _ = trainer.build(run, res)
+    cfg.checkpoint.ckpt_step = int(iteration)
+    cfg.checkpoint.load_optim = False
+    cfg.checkpoint.load_rng = False
+    callbacks = CallbackManager()
+    callbacks.register("on_data_init_start", partial(save_hf, run, Path(out)))
+    pretrain(cfg, data.forward_step(run), callbacks=callbacks)
+    raise RuntimeError("pretrain() returned without firing on_data_init_start: nothing was exported")
+
+
+def main(run_dir: Path, iteration: int | None, out: Path) -> int:
     try:
         export(locate(run_dir, iteration, Path(out)), Path(out))
     except ExportError as e:
         print(f"vlmtrain export: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+if __name__ == "__main__":
+    rank_main(*sys.argv[1:])

@@ -17,6 +17,8 @@ Per family (qwen3_vl: Qwen3-VL-MoE; qwen35_vl: Qwen3.5-MoE), in `--work`/<family
 6. frozen: the exported ViT weights (vision=frozen: every `model.visual.*` but the mergers) bit-identical to the
    input checkpoint's, and at least one language-model weight changed by training (the control).
 7. parity_trained: logits of the exported model in transformers vs run A's trained model loaded from its checkpoint.
+8. export_fsdp, reload_fsdp, frozen_fsdp: run C, the same model on parallelism=fsdp (Megatron-FSDP, fsdp_dtensor
+   checkpoints) for SAVE_INTERVAL steps, through steps 4-6 (the other format `vlmtrain export` reads).
 
 Every row's metrics carry `cosine` and `max_abs_diff` (logits for the parity rows, weights for frozen, the loss
 curves for resume; null for export and reload, which compare nothing numeric) and `passed`.
@@ -129,7 +131,7 @@ def reload(export: Path) -> dict[str, Any]:
 
 
 def family_checks(family: str, work: Path, gpu: int, emit) -> None:
-    """The seven steps of the module docstring for one family; `emit(check, command, metrics)` writes a row."""
+    """The steps of the module docstring for one family; `emit(check, command, metrics)` writes a row."""
     shutil.rmtree(work, ignore_errors=True)  # a left-over checkpoint dir would make run A resume
     work.mkdir(parents=True)
     option = tiny_hf.OPTIONS[Family(family)]
@@ -149,18 +151,35 @@ def family_checks(family: str, work: Path, gpu: int, emit) -> None:
     emit("resume", runner.recorded(b_args), {**checked, "killed_after_step": killed_at, "rc_uninterrupted": rc_a,
                                              "rc_resumed": rc_b, "passed": checked["passed"] and rc_a == rc_b == 0})
 
-    export = work / "export"
-    args = ["vlmtrain.cli", "export", str(work / "a"), "--out", str(export)]
-    rc = python(args, work / "export.log", gpu)
-    files = sorted(p.name for p in export.iterdir()) if export.is_dir() else []
-    emit("export", "python -m " + " ".join(args), {"cosine": None, "max_abs_diff": None, "rc": rc, "files": files,
-                                                   "passed": rc == 0 and "config.json" in files})
-    if rc != 0:
+    export = export_checks(work, "a", "", hf, gpu, emit)
+    if export is not None:
+        last = work / "ckpt_a" / f"iter_{STEPS:07d}"
+        emit("parity_trained", *parity(work, "parity_trained", export, option, gpu, hf=hf, megatron=last))
+
+    c_args = resume.overrides("fsdp", work / "ckpt_c", iterations=SAVE_INTERVAL, save_interval=SAVE_INTERVAL,
+                              model=model)
+    rc_c = resume.launch(c_args, work / "c", gpu).wait()
+    if rc_c != 0:
+        emit("export_fsdp", runner.recorded(c_args), {"cosine": None, "max_abs_diff": None, "rc_train": rc_c,
+                                                      "passed": False})
         return
-    emit("reload", f"AutoModelForImageTextToText.from_pretrained({export})", reload(export))
-    emit("frozen", f"safetensors of {hf} vs {export}", weight_check(tensors(hf), tensors(export)))
-    last = work / "ckpt_a" / f"iter_{STEPS:07d}"
-    emit("parity_trained", *parity(work, "parity_trained", export, option, gpu, hf=hf, megatron=last))
+    export_checks(work, "c", "_fsdp", hf, gpu, emit)
+
+
+def export_checks(work: Path, run: str, suffix: str, hf: Path, gpu: int, emit) -> Path | None:
+    """`vlmtrain export` of run dir `run`, then reload and frozen on its output (rows export<suffix>, ...); the
+    export dir, or None when the command failed."""
+    export = work / f"export{suffix}"
+    args = ["vlmtrain.cli", "export", str(work / run), "--out", str(export)]
+    rc = python(args, work / f"export{suffix}.log", gpu)
+    files = sorted(p.name for p in export.iterdir()) if export.is_dir() else []
+    emit(f"export{suffix}", "python -m " + " ".join(args),
+         {"cosine": None, "max_abs_diff": None, "rc": rc, "files": files, "passed": rc == 0 and "config.json" in files})
+    if rc != 0:
+        return None
+    emit(f"reload{suffix}", f"AutoModelForImageTextToText.from_pretrained({export})", reload(export))
+    emit(f"frozen{suffix}", f"safetensors of {hf} vs {export}", weight_check(tensors(hf), tensors(export)))
+    return export
 
 
 def main(argv: list[str] | None = None) -> int:
