@@ -18,7 +18,8 @@ Per family (qwen3_vl: Qwen3-VL-MoE; qwen35_vl: Qwen3.5-MoE), in `--work`/<family
    input checkpoint's, and at least one language-model weight changed by training (the control).
 7. parity_trained: logits of the exported model in transformers vs run A's trained model loaded from its checkpoint.
 8. export_fsdp, reload_fsdp, frozen_fsdp: run C, the same model on parallelism=fsdp (Megatron-FSDP, fsdp_dtensor
-   checkpoints) for SAVE_INTERVAL steps, through steps 4-6 (the other format `vlmtrain export` reads).
+   checkpoints) for SAVE_INTERVAL steps, then steps 4-6 on its last checkpoint (the other format `vlmtrain export`
+   reads).
 
 Every row's metrics carry `cosine` and `max_abs_diff` (logits for the parity rows, weights for frozen, the loss
 curves for resume; null for export and reload, which compare nothing numeric) and `passed`.
