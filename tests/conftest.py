@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -28,3 +29,9 @@ def bridge() -> object:
     import megatron.bridge.training.config as config
 
     return config
+
+
+@pytest.fixture(scope="session")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A data cache_dir for the session: the sample photos are written once for every data test."""
+    return tmp_path_factory.mktemp("cache")

@@ -47,8 +47,9 @@ def stop_with_record(run: RunConfig, error: BaseException, callback: MetricsCall
     raise SystemExit(failure.EXIT[rec["kind"]]) from error
 
 
-def main(path: str) -> None:
-    """A torchrun rank: the saved run config and, next to it, the run.json the launcher saved."""
+def loaded(path: str) -> tuple[RunConfig, Resolved]:
+    """What every rank entry starts from: the saved run config at `path` and the run.json the launcher saved next
+    to it (a missing one is named, not read as defaults)."""
     from pathlib import Path
 
     from vlmtrain.config import resolve
@@ -57,7 +58,12 @@ def main(path: str) -> None:
     res = resolve.load(Path(path).parent)
     if res is None:
         raise FileNotFoundError(f"{Path(path).parent / resolve.RUN_JSON}: the launcher saves it next to {path}")
-    train(load_run(path), res)
+    return load_run(path), res
+
+
+def main(path: str) -> None:
+    """A torchrun rank: train the saved run."""
+    train(*loaded(path))
 
 
 if __name__ == "__main__":

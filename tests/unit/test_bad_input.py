@@ -55,11 +55,6 @@ def user_data(tmp_path: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("cache")
-
-
-@pytest.fixture(scope="module")
 def exported(tmp_path_factory: pytest.TempPathFactory, cache: Path) -> dict[str, dict]:
     """Each format of the shipped photos with the last two images truncated."""
     root = tmp_path_factory.mktemp("exports")

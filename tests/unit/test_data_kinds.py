@@ -19,11 +19,6 @@ from vlmtrain.data.export import export
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("cache")
-
-
-@pytest.fixture(scope="module")
 def exported(tmp_path_factory: pytest.TempPathFactory, cache: Path) -> dict[str, dict[str, Any]]:
     """Each format with one corrupt image (the last photo), written once for the module."""
     root = tmp_path_factory.mktemp("exports")

@@ -50,12 +50,13 @@ def test_latest_by_default_and_format_from_files(tmp_path: Path) -> None:
     assert hf_export.saved_iterations(ckpt) == [2, 4]
 
 
-def test_fsdp_dtensor_and_an_asked_iteration(tmp_path: Path) -> None:
+def test_an_asked_iteration_and_the_format_from_files(tmp_path: Path) -> None:
     run, ckpt = run_dir(tmp_path)
-    d2 = checkpoint(ckpt, 2, marker=".metadata")
-    checkpoint(ckpt, 4, marker=".metadata")
+    d2 = checkpoint(ckpt, 2)
+    checkpoint(ckpt, 4)
     src = locate(run, 2, tmp_path / "out")
-    assert (src.iteration, src.iter_dir, src.ckpt_format) == (2, d2, "fsdp_dtensor")
+    assert (src.iteration, src.iter_dir, src.ckpt_format, src.ranks) == (2, d2, "torch_dist", 0)
+    assert hf_export.checkpoint_format(checkpoint(ckpt, 6, marker=".metadata")) == "fsdp_dtensor"
 
 
 def test_not_a_run_dir(tmp_path: Path) -> None:

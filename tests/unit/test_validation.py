@@ -26,11 +26,6 @@ ONE_GPU = ["gpus_per_node=1", "train.global_batch_size=4"]  # one evaluation bat
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("cache")
-
-
-@pytest.fixture(scope="module")
 def exported(tmp_path_factory: pytest.TempPathFactory, cache: Path) -> dict[str, dict[str, Any]]:
     """The 16 sample photos in each format, written once for the module."""
     root = tmp_path_factory.mktemp("exports")

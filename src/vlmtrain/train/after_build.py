@@ -113,7 +113,7 @@ def after_model_build(run: RunConfig, res: Resolved, context: Any) -> dict[str, 
                                 f"{report['vit_attention_head_dims']}.")
     if run.recompute.granularity == "none" and cfg.recompute_modules:
         raise SettingNotApplied(f"recompute=none but Megatron set recompute_modules={cfg.recompute_modules}.")
-    if run.model.hf_path:
+    if run.model.hf_path and context.state.train_state.step == 0:  # a resume loads its own checkpoint instead
         from vlmtrain.train import hf_loaded
 
         report["hf_embedding_max_diff"] = diff = hf_loaded.embedding_max_diff(run.model.hf_path, context.model)

@@ -2,9 +2,9 @@
 
 Everything that can be wrong is checked before any heavy import (`locate`): the run dir holds the composed config
 (run_config.yaml), its checkpoint dir (train.checkpoint_dir) holds finished iter_XXXXXXX dirs, the asked iteration
-is one of them (default: the one latest_checkpointed_iteration.txt names), and the output dir is empty. The format
-is read from the iteration's files, as Bridge's loader detects it: metadata.json is torch_dist, .metadata is
-fsdp_dtensor (PyTorch DCP).
+is one of them (default: the one latest_checkpointed_iteration.txt names), the output dir is empty, and an
+fsdp_dtensor export has the run's GPUs on this node. The format is read from the iteration's files, as Bridge's
+loader detects it: metadata.json is torch_dist, .metadata is fsdp_dtensor (PyTorch DCP).
 
 The conversion is Megatron Bridge's own, with the same parameter mapping that imports HF weights.
 - torch_dist: `AutoBridge.export_ckpt` builds the model from the checkpoint's saved provider with CPU-initialized
@@ -19,6 +19,7 @@ The HF config and processor come from the run: its `model.hf_path` dir when set,
 
 from __future__ import annotations
 
+import copy
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,9 +45,12 @@ class ExportError(ValueError):
 @dataclass(frozen=True)
 class Source:
     run_dir: Path
+    run: RunConfig
     iteration: int
     iter_dir: Path
     ckpt_format: str
+    ranks: int
+    """The GPUs an fsdp_dtensor export launches (the run's world); 0 for torch_dist, converted in this process."""
 
 
 def iter_dirs(ckpt: Path) -> dict[int, Path]:
@@ -66,8 +70,9 @@ def checkpoint_format(iter_dir: Path) -> str:
     raise ExportError(f"{iter_dir} holds neither metadata.json (torch_dist) nor .metadata (fsdp_dtensor)")
 
 
-def checkpoint_dir(run_dir: Path) -> Path:
-    """The run's train.checkpoint_dir; a relative one is relative to the dir train.py ran in, the repo root."""
+def saved_run(run_dir: Path) -> tuple[RunConfig, Path]:
+    """The run's composed config and its train.checkpoint_dir; a relative one is relative to the dir train.py ran
+    in, the repo root."""
     from vlmtrain.config.compose import CONF_DIR, load_run
 
     config = run_dir / RUN_CONFIG
@@ -79,7 +84,7 @@ def checkpoint_dir(run_dir: Path) -> Path:
     ckpt = Path(run.train.checkpoint_dir)
     if not ckpt.is_absolute():
         ckpt = CONF_DIR.parent / ckpt
-    return ckpt
+    return run, ckpt
 
 
 def locate(run_dir: Path, iteration: int | None, out: Path) -> Source:
@@ -87,7 +92,7 @@ def locate(run_dir: Path, iteration: int | None, out: Path) -> Source:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ExportError(f"{run_dir} is not a run dir: no such directory")
-    ckpt = checkpoint_dir(run_dir)
+    run, ckpt = saved_run(run_dir)
     saved = saved_iterations(ckpt) if ckpt.is_dir() else []
     if not saved:
         raise ExportError(f"{run_dir}: no finished checkpoint in {ckpt}")
@@ -99,7 +104,8 @@ def locate(run_dir: Path, iteration: int | None, out: Path) -> Source:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ExportError(f"{out} is not empty: give an empty or new output dir")
     d = iter_dirs(ckpt)[iteration]
-    return Source(run_dir, iteration, d, checkpoint_format(d))
+    fmt = checkpoint_format(d)
+    return Source(run_dir, run, iteration, d, fmt, ranks_for(run) if fmt == "fsdp_dtensor" else 0)
 
 
 def hf_side(run: RunConfig, out: Path, say=print) -> None:
@@ -130,15 +136,15 @@ def bridge_for(run: RunConfig, out: Path) -> tuple[Any, str | None]:
 
 def export(src: Source, out: Path, say=print) -> Path:
     """Write the HF checkpoint of `src` into `out` (config.json, safetensors, processor files); returns `out`."""
-    from vlmtrain.config.compose import load_run
-
-    run = load_run(src.run_dir / RUN_CONFIG)
-    ranks = ranks_for(run) if src.ckpt_format == "fsdp_dtensor" else 0  # before anything is written
+    run = src.run
     say(f"exporting {src.iter_dir} (iteration {src.iteration}, {src.ckpt_format}) to {out}")
     hf_side(run, out, say)
     if src.ckpt_format == "fsdp_dtensor":
-        return export_sharded(src, run, ranks, out, say)
+        return export_sharded(src, out, say)
     bridge, source = bridge_for(run, out)
+    from vlmtrain.train import bridge_patches
+
+    bridge_patches.install(run)  # the checkpoint's saved model config builds only as the run's was (wgrad_fusion)
     say("loading the Megatron checkpoint on CPU and converting to HF weights")
     bridge.export_ckpt(str(src.iter_dir), str(out), show_progress=True, source_path=source)
     say(f"done: {out}")
@@ -158,16 +164,17 @@ def ranks_for(run: RunConfig) -> int:
     return want
 
 
-def export_sharded(src: Source, run: RunConfig, ranks: int, out: Path, say=print) -> Path:
+def export_sharded(src: Source, out: Path, say=print) -> Path:
     """fsdp_dtensor: the run's own ranks rebuild its Megatron-FSDP model, load the iteration as a resume would
     (Bridge's load_fsdp_dtensor_checkpoint, no optimizer state) and write the HF checkpoint through Bridge's
     save_hf_pretrained, which gathers each sharded weight (`rank_main`). Rank logs: <run dir>/export-iter_N."""
     from vlmtrain.config.resolve import resolve
     from vlmtrain.launch import local
 
+    run = copy.deepcopy(src.run)  # the launch's own output and checkpoint dirs
     run.output_dir = str(src.run_dir / f"export-{src.iter_dir.name}")
     run.train.checkpoint_dir = str(src.iter_dir.parent)  # absolute: the ranks may start elsewhere
-    say(f"launching {ranks} rank(s) to load the Megatron-FSDP checkpoint and gather its weights "
+    say(f"launching {src.ranks} rank(s) to load the Megatron-FSDP checkpoint and gather its weights "
         f"(log: {run.output_dir}/{EXPORT_LOG})")
     rc = local.launch(run, resolve(run), module=__name__, log=EXPORT_LOG, args=(str(out), str(src.iteration)))
     if rc != 0 or not (out / "config.json").is_file():
@@ -202,13 +209,11 @@ def rank_main(config: str, out: str, iteration: str) -> None:
     from megatron.bridge.training.callbacks import CallbackManager
     from megatron.bridge.training.pretrain import pretrain
 
-    from vlmtrain.config import resolve
-    from vlmtrain.config.compose import load_run
     from vlmtrain.config.groups import data
     from vlmtrain.train import trainer
+    from vlmtrain.worker import loaded
 
-    run = load_run(config)
-    res = resolve.load(Path(config).parent)
+    run, res = loaded(config)
     cfg, _ = trainer.build(run, res)
     cfg.checkpoint.ckpt_step = int(iteration)
     cfg.checkpoint.load_optim = False

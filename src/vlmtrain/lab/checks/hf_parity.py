@@ -64,6 +64,9 @@ def megatron_model(hf_dir: Path, model_option: str, megatron: Path | None) -> An
     import torch
     from megatron.bridge import AutoBridge
 
+    from vlmtrain.train.bridge_patches import install_wgrad_fusion
+
+    install_wgrad_fusion()  # kernels' default gradient_accumulation_fusion builds without APEX only with it
     bridge = AutoBridge.from_hf_pretrained(str(hf_dir), dtype=torch.bfloat16)
     if megatron is not None:
         return bridge.load_megatron_model(str(megatron), wrap_with_ddp=False)[0]
@@ -119,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args(argv)
     hf = a.hf or a.reference
+    import torch  # noqa: F401  (before transformer_engine)
+    import transformer_engine.pytorch  # noqa: F401  (its cuDNN before transformers' ViT loads torch's: they clash)
+
     batch = inputs(a.reference)
     metrics = compare(transformers_logits(a.reference, batch), vlmtrain_logits(hf, a.model_option, a.megatron, batch))
     a.out.write_text(json.dumps(metrics))

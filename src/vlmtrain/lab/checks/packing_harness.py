@@ -139,14 +139,10 @@ class Harness:
         from megatron.bridge.training.setup import setup
         from megatron.bridge.training.state import GlobalState
 
-        from vlmtrain.config import resolve
-        from vlmtrain.config.compose import load_run
         from vlmtrain.train import trainer
+        from vlmtrain.worker import loaded
 
-        self.run = load_run(run_config)
-        res = resolve.load(Path(run_config).parent)  # the launcher's run.json, as vlmtrain.worker reads it
-        if res is None:
-            raise FileNotFoundError(f"{Path(run_config).parent / resolve.RUN_JSON}: the launcher saves it there")
+        self.run, res = loaded(run_config)
         cfg, self.patched = trainer.build(self.run, res)
         runtime_config_update(cfg)
         self.state = GlobalState()

@@ -2,6 +2,7 @@
 checkpoint out, each step checked against transformers. One row per check appended to `--results`.
 
     python -m vlmtrain.lab.checks.verification --results results/verification.jsonl [--families qwen3_vl qwen35_vl]
+        [--parts 3d fsdp]
 
 Per family (qwen3_vl: Qwen3-VL-MoE; qwen35_vl: Qwen3.5-MoE), in `--work`/<family>:
 
@@ -46,6 +47,9 @@ SAVE_INTERVAL = 4
 KILL_AFTER = 5
 """B is killed once it has logged step 5 (0-based) with step 4's checkpoint written: it resumes from 4."""
 FAMILIES = ("qwen3_vl", "qwen35_vl")
+PARTS = ("3d", "fsdp")
+"""Either part runs alone in a fresh work dir (Qwen3.5's whole family, kernels compiled on first use, takes about
+12 minutes on an H100: longer than one call of a lent GPU machine)."""
 TIMEOUT_S = 600
 
 
@@ -107,7 +111,7 @@ def python(args: list[str], log: Path, gpu: int) -> int:
 
 
 def parity(work: Path, name: str, reference: Path, option: str, gpu: int, hf: Path | None = None,
-           megatron: Path | None = None) -> tuple[dict[str, Any], str]:
+           megatron: Path | None = None) -> tuple[str, dict[str, Any]]:
     args = ["vlmtrain.lab.checks.hf_parity", "--reference", str(reference), "--model-option", option,
             "--out", str(work / f"{name}.json")]
     args += ["--hf", str(hf)] if hf else []
@@ -116,7 +120,7 @@ def parity(work: Path, name: str, reference: Path, option: str, gpu: int, hf: Pa
     result = work / f"{name}.json"
     metrics = json.loads(result.read_text()) if result.is_file() else {"cosine": None, "max_abs_diff": None,
                                                                         "passed": False}
-    return {**metrics, "rc": rc}, "python -m " + " ".join(args)
+    return "python -m " + " ".join(args), {**metrics, "rc": rc}
 
 
 def reload(export: Path) -> dict[str, Any]:
@@ -131,13 +135,22 @@ def reload(export: Path) -> dict[str, Any]:
             "unexpected_keys": unexpected, "passed": not missing and not unexpected}
 
 
-def family_checks(family: str, work: Path, gpu: int, emit) -> None:
-    """The steps of the module docstring for one family; `emit(check, command, metrics)` writes a row."""
-    shutil.rmtree(work, ignore_errors=True)  # a left-over checkpoint dir would make run A resume
+def family_checks(family: str, work: Path, gpu: int, emit, parts: tuple[str, ...] = PARTS) -> None:
+    """The steps of the module docstring for one family (`parts`: "3d" steps 2-7, "fsdp" step 8);
+    `emit(check, command, metrics)` writes a row."""
+    shutil.rmtree(work, ignore_errors=True)  # a left-over checkpoint dir would make a run resume
     work.mkdir(parents=True)
     option = tiny_hf.OPTIONS[Family(family)]
     hf = tiny_hf.build(family, work / "hf", num_layers=LAYERS)
     model = [f"model={option}", f"model.num_layers={LAYERS}", f"model.hf_path={hf}", "vision=frozen"]
+    if "3d" in parts:
+        checks_3d(work, hf, option, model, gpu, emit)
+    if "fsdp" in parts:
+        checks_fsdp(work, hf, model, gpu, emit)
+
+
+def checks_3d(work: Path, hf: Path, option: str, model: list[str], gpu: int, emit) -> None:
+    """Steps 2-7: parity of the import, runs A and B (resume), export, reload, frozen, parity of the trained model."""
     emit("parity_import", *parity(work, "parity_import", hf, option, gpu))
 
     a_args = resume.overrides("3d", work / "ckpt_a", iterations=STEPS, save_interval=SAVE_INTERVAL, model=model)
@@ -157,6 +170,9 @@ def family_checks(family: str, work: Path, gpu: int, emit) -> None:
         last = work / "ckpt_a" / f"iter_{STEPS:07d}"
         emit("parity_trained", *parity(work, "parity_trained", export, option, gpu, hf=hf, megatron=last))
 
+
+def checks_fsdp(work: Path, hf: Path, model: list[str], gpu: int, emit) -> None:
+    """Step 8: run C on Megatron-FSDP, then export, reload and frozen on its fsdp_dtensor checkpoint."""
     c_args = resume.overrides("fsdp", work / "ckpt_c", iterations=SAVE_INTERVAL, save_interval=SAVE_INTERVAL,
                               model=model)
     rc_c = resume.launch(c_args, work / "c", gpu).wait()
@@ -188,9 +204,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--results", type=Path, default=ROOT / "results" / "verification.jsonl")
     ap.add_argument("--work", type=Path, default=ROOT / "outputs" / "verification")
     ap.add_argument("--families", nargs="+", choices=FAMILIES, default=list(FAMILIES))
+    ap.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
+                    help="3d: steps 2-7 (runs A and B); fsdp: step 8 (run C)")
     ap.add_argument("--gpu", type=int, default=0)
     a = ap.parse_args(argv)
-    driver = f"python -m vlmtrain.lab.checks.verification --families {' '.join(a.families)} --gpu {a.gpu}"
+    driver = (f"python -m vlmtrain.lab.checks.verification --families {' '.join(a.families)} "
+              f"--parts {' '.join(a.parts)} --gpu {a.gpu}")
     verdicts: list[bool] = []
 
     for family in a.families:
@@ -201,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps({"name": row["name"], "passed": row["passed"], "cosine": metrics.get("cosine"),
                               "max_abs_diff": metrics.get("max_abs_diff")}), flush=True)
 
-        family_checks(family, a.work / family, a.gpu, emit)
+        family_checks(family, a.work / family, a.gpu, emit, tuple(a.parts))
     return 0 if verdicts and all(verdicts) else 1
 
 

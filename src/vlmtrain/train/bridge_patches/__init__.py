@@ -7,8 +7,9 @@ Bridge builds the model.
 
 One module per replacement (or per kind): rope_te, vit_host (vit_positions, pin_visual_inputs, vit_host_grid),
 mask_grid_only, vit_attention_pad, vit_config (vit_quantized), wgrad (wgrad_fusion, expert_wgrad); each says what
-it replaces and why. `always` and `step_time` hold what every training process gets (redaction, sample ids, no
-Bridge Step Time line); `replace` the one install/uninstall bookkeeping.
+it replaces and why. `always`, `step_time` and `fsdp_hf_load` hold what every training process gets (redaction,
+sample ids, no Bridge Step Time line, Bridge's HF load into Megatron-FSDP mended); `replace` the one
+install/uninstall bookkeeping.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from vlmtrain.config.groups import kernels, precision
 from vlmtrain.train.bridge_patches.always import install_redaction, install_sample_ids
+from vlmtrain.train.bridge_patches.fsdp_hf_load import install_fsdp_hf_load
 from vlmtrain.train.bridge_patches.mask_grid_only import grid_only, install_mask_grid_only
 from vlmtrain.train.bridge_patches.replace import installed, uninstall
 from vlmtrain.train.bridge_patches.rope_te import _te_rope, install_rope_te
@@ -39,19 +41,20 @@ if TYPE_CHECKING:
     from vlmtrain.config.schema import RunConfig
 
 __all__ = ["INSTALL", "SAME_BATCHES", "TEWgradAccumulation", "_te_rope", "grid_only", "install", "install_always",
-           "install_expert_wgrad", "install_mask_grid_only", "install_pin_visual_inputs", "install_quiet_step_time",
-           "install_redaction", "install_rope_te", "install_sample_ids", "install_vit_attention_pad",
-           "install_vit_host_grid", "install_vit_positions", "install_vit_quantized", "install_wgrad_fusion",
-           "installed", "pad_head_dim", "packed_seq_params", "padded_heads", "pin_memory", "pos_embed_interpolate",
-           "rot_pos_emb", "uninstall"]
+           "install_expert_wgrad", "install_fsdp_hf_load", "install_mask_grid_only", "install_pin_visual_inputs",
+           "install_quiet_step_time", "install_redaction", "install_rope_te", "install_sample_ids",
+           "install_vit_attention_pad", "install_vit_host_grid", "install_vit_positions", "install_vit_quantized",
+           "install_wgrad_fusion", "installed", "pad_head_dim", "packed_seq_params", "padded_heads", "pin_memory",
+           "pos_embed_interpolate", "rot_pos_emb", "uninstall"]
 
 
 def install_always() -> None:
-    """What every training process gets, whatever the groups say: redaction, sample ids, and no Bridge Step Time
-    line (vlmtrain's metrics callback prints its own)."""
+    """What every training process gets, whatever the groups say: redaction, sample ids, no Bridge Step Time
+    line (vlmtrain's metrics callback prints its own), and Megatron-FSDP runs that start from HF weights."""
     install_redaction()
     install_sample_ids()
     install_quiet_step_time()
+    install_fsdp_hf_load()
 
 
 SAME_BATCHES = frozenset({"mask_grid_only"})
