@@ -112,3 +112,14 @@ def test_reload_finds_every_weight(checkpoint, tmp_path):
     save_file({k: v for k, v in weights.items() if k != gone}, str(shard), metadata={"format": "pt"})
     bad = verification.reload(short)
     assert not bad["passed"] and bad["missing_keys"]
+
+
+def test_a_subset_of_checks_runs_only_what_it_rests_on():
+    everything = verification.needed(verification.CHECKS)
+    assert all(everything.values())
+    # Qwen3.5's four checks not yet run: run A and its export, run C; no kill-and-resume run B
+    assert verification.needed(("parity_trained", "export_fsdp", "reload_fsdp", "frozen_fsdp")) == {
+        "a": True, "b": False, "export": True, "c": True}
+    assert verification.needed(("resume",)) == {"a": True, "b": True, "export": False, "c": False}
+    assert verification.needed(("parity_import",)) == {"a": False, "b": False, "export": False, "c": False}
+    assert verification.needed(("frozen_fsdp",)) == {"a": False, "b": False, "export": False, "c": True}

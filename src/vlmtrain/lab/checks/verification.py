@@ -2,7 +2,7 @@
 checkpoint out, each step checked against transformers. One row per check appended to `--results`.
 
     python -m vlmtrain.lab.checks.verification --results results/verification.jsonl [--families qwen3_vl qwen35_vl]
-        [--parts 3d fsdp]
+        [--checks parity_trained export_fsdp ...]
 
 Per family (qwen3_vl: Qwen3-VL-MoE; qwen35_vl: Qwen3.5-MoE), in `--work`/<family>:
 
@@ -23,7 +23,10 @@ Per family (qwen3_vl: Qwen3-VL-MoE; qwen35_vl: Qwen3.5-MoE), in `--work`/<family
    reads).
 
 Every row's metrics carry `cosine` and `max_abs_diff` (logits for the parity rows, weights for frozen, the loss
-curves for resume; null for export and reload, which compare nothing numeric) and `passed`.
+curves for resume; null for export and reload, which compare nothing numeric), `passed`, and `wall_s`: the seconds
+since the family's previous row (or its start), so a later call can be planned to fit a lent machine's limit.
+`--checks` runs a subset with what it rests on: `parity_trained` alone trains run A and exports it (the export's row
+is written too), but skips run B.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ import json
 import shutil
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,9 +52,10 @@ SAVE_INTERVAL = 4
 KILL_AFTER = 5
 """B is killed once it has logged step 5 (0-based) with step 4's checkpoint written: it resumes from 4."""
 FAMILIES = ("qwen3_vl", "qwen35_vl")
-PARTS = ("3d", "fsdp")
-"""Either part runs alone in a fresh work dir (Qwen3.5's whole family, kernels compiled on first use, takes about
-12 minutes on an H100: longer than one call of a lent GPU machine)."""
+CHECKS = ("parity_import", "resume", "export", "reload", "frozen", "parity_trained", "export_fsdp", "reload_fsdp",
+          "frozen_fsdp")
+"""`--checks` runs a subset in a fresh work dir, with the runs it rests on (Qwen3.5's whole family, kernels compiled
+on first use, takes about 12 minutes on an H100: longer than one call of a lent GPU machine)."""
 TIMEOUT_S = 600
 
 
@@ -135,43 +141,61 @@ def reload(export: Path) -> dict[str, Any]:
             "unexpected_keys": unexpected, "passed": not missing and not unexpected}
 
 
-def family_checks(family: str, work: Path, gpu: int, emit, parts: tuple[str, ...] = PARTS) -> None:
-    """The steps of the module docstring for one family (`parts`: "3d" steps 2-7, "fsdp" step 8);
-    `emit(check, command, metrics)` writes a row."""
+def needed(checks: tuple[str, ...]) -> dict[str, bool]:
+    """Which runs and exports the asked checks rest on (run A: 3d with a checkpoint of step STEPS; B: the killed and
+    resumed run; C: fsdp)."""
+    on = set(checks)
+    export = bool(on & {"export", "reload", "frozen", "parity_trained"})
+    return {"a": export or "resume" in on, "b": "resume" in on, "export": export,
+            "c": bool(on & {"export_fsdp", "reload_fsdp", "frozen_fsdp"})}
+
+
+def family_checks(family: str, work: Path, gpu: int, emit, checks: tuple[str, ...] = CHECKS) -> None:
+    """The steps of the module docstring for one family that `checks` (names of CHECKS) rest on; a step another
+    rests on (an export) writes its row too. `emit(check, command, metrics)` writes a row."""
     shutil.rmtree(work, ignore_errors=True)  # a left-over checkpoint dir would make a run resume
     work.mkdir(parents=True)
     option = tiny_hf.OPTIONS[Family(family)]
     hf = tiny_hf.build(family, work / "hf", num_layers=LAYERS)
     model = [f"model={option}", f"model.num_layers={LAYERS}", f"model.hf_path={hf}", "vision=frozen"]
-    if "3d" in parts:
-        checks_3d(work, hf, option, model, gpu, emit)
-    if "fsdp" in parts:
-        checks_fsdp(work, hf, model, gpu, emit)
+    need = needed(checks)
+    if "parity_import" in checks:
+        emit("parity_import", *parity(work, "parity_import", hf, option, gpu))
+    if need["a"]:
+        checks_3d(work, hf, option, model, gpu, emit, checks, need)
+    if need["c"]:
+        checks_fsdp(work, hf, model, gpu, emit, checks)
 
 
-def checks_3d(work: Path, hf: Path, option: str, model: list[str], gpu: int, emit) -> None:
-    """Steps 2-7: parity of the import, runs A and B (resume), export, reload, frozen, parity of the trained model."""
-    emit("parity_import", *parity(work, "parity_import", hf, option, gpu))
-
+def checks_3d(work: Path, hf: Path, option: str, model: list[str], gpu: int, emit, checks: tuple[str, ...],
+              need: dict[str, bool]) -> None:
+    """Steps 3-7: runs A and B (resume), export, reload, frozen, parity of the trained model."""
     a_args = resume.overrides("3d", work / "ckpt_a", iterations=STEPS, save_interval=SAVE_INTERVAL, model=model)
-    b_args = resume.overrides("3d", work / "ckpt_b", iterations=STEPS, save_interval=SAVE_INTERVAL, model=model)
     run_a = resume.launch(a_args, work / "a", gpu)
-    killed_at = resume.kill_after(resume.launch(b_args, work / "b_killed", gpu), work / "ckpt_b",
-                                  work / "b_killed", KILL_AFTER)
-    resumed_from = resume.tracker(work / "ckpt_b")
-    rc_b = resume.launch(b_args, work / "b_resumed", gpu).wait()
+    if need["b"]:
+        b_args = resume.overrides("3d", work / "ckpt_b", iterations=STEPS, save_interval=SAVE_INTERVAL, model=model)
+        killed_at = resume.kill_after(resume.launch(b_args, work / "b_killed", gpu), work / "ckpt_b",
+                                      work / "b_killed", KILL_AFTER)
+        resumed_from = resume.tracker(work / "ckpt_b")
+        rc_b = resume.launch(b_args, work / "b_resumed", gpu).wait()
+        rc_a = run_a.wait()
+        checked = loss_check(resume.losses(work / "a"), resume.losses(work / "b_resumed"), resumed_from)
+        emit("resume", runner.recorded(b_args), {**checked, "killed_after_step": killed_at, "rc_uninterrupted": rc_a,
+                                                 "rc_resumed": rc_b, "passed": checked["passed"] and rc_a == rc_b == 0})
     rc_a = run_a.wait()
-    checked = loss_check(resume.losses(work / "a"), resume.losses(work / "b_resumed"), resumed_from)
-    emit("resume", runner.recorded(b_args), {**checked, "killed_after_step": killed_at, "rc_uninterrupted": rc_a,
-                                             "rc_resumed": rc_b, "passed": checked["passed"] and rc_a == rc_b == 0})
-
-    export = export_checks(work, "a", "", hf, gpu, emit)
-    if export is not None:
+    if not need["export"]:
+        return
+    if rc_a != 0:
+        emit("export", runner.recorded(a_args), {"cosine": None, "max_abs_diff": None, "rc_train": rc_a,
+                                                 "passed": False})
+        return
+    export = export_checks(work, "a", "", hf, gpu, emit, checks)
+    if export is not None and "parity_trained" in checks:
         last = work / "ckpt_a" / f"iter_{STEPS:07d}"
         emit("parity_trained", *parity(work, "parity_trained", export, option, gpu, hf=hf, megatron=last))
 
 
-def checks_fsdp(work: Path, hf: Path, model: list[str], gpu: int, emit) -> None:
+def checks_fsdp(work: Path, hf: Path, model: list[str], gpu: int, emit, checks: tuple[str, ...]) -> None:
     """Step 8: run C on Megatron-FSDP, then export, reload and frozen on its fsdp_dtensor checkpoint."""
     c_args = resume.overrides("fsdp", work / "ckpt_c", iterations=SAVE_INTERVAL, save_interval=SAVE_INTERVAL,
                               model=model)
@@ -180,12 +204,12 @@ def checks_fsdp(work: Path, hf: Path, model: list[str], gpu: int, emit) -> None:
         emit("export_fsdp", runner.recorded(c_args), {"cosine": None, "max_abs_diff": None, "rc_train": rc_c,
                                                       "passed": False})
         return
-    export_checks(work, "c", "_fsdp", hf, gpu, emit)
+    export_checks(work, "c", "_fsdp", hf, gpu, emit, checks)
 
 
-def export_checks(work: Path, run: str, suffix: str, hf: Path, gpu: int, emit) -> Path | None:
-    """`vlmtrain export` of run dir `run`, then reload and frozen on its output (rows export<suffix>, ...); the
-    export dir, or None when the command failed."""
+def export_checks(work: Path, run: str, suffix: str, hf: Path, gpu: int, emit, checks: tuple[str, ...]) -> Path | None:
+    """`vlmtrain export` of run dir `run`, then reload and frozen (those asked) on its output (rows export<suffix>,
+    ...); the export dir, or None when the command failed."""
     export = work / f"export{suffix}"
     args = ["vlmtrain.cli", "export", str(work / run), "--out", str(export)]
     rc = python(args, work / f"export{suffix}.log", gpu)
@@ -194,9 +218,30 @@ def export_checks(work: Path, run: str, suffix: str, hf: Path, gpu: int, emit) -
          {"cosine": None, "max_abs_diff": None, "rc": rc, "files": files, "passed": rc == 0 and "config.json" in files})
     if rc != 0:
         return None
-    emit(f"reload{suffix}", f"AutoModelForImageTextToText.from_pretrained({export})", reload(export))
-    emit(f"frozen{suffix}", f"safetensors of {hf} vs {export}", weight_check(tensors(hf), tensors(export)))
+    if f"reload{suffix}" in checks:
+        emit(f"reload{suffix}", f"AutoModelForImageTextToText.from_pretrained({export})", reload(export))
+    if f"frozen{suffix}" in checks:
+        emit(f"frozen{suffix}", f"safetensors of {hf} vs {export}", weight_check(tensors(hf), tensors(export)))
     return export
+
+
+def writer(results: Path, family: str, driver: str, verdicts: list[bool]) -> Callable[[str, str, dict], None]:
+    """`emit(check, command, metrics)`: appends the family's row for `check` with `wall_s` (seconds since its
+    previous row, or since this writer was made), prints it and keeps its verdict."""
+    since = time.monotonic()
+
+    def emit(check: str, command: str, metrics: dict[str, Any]) -> None:
+        nonlocal since
+        now = time.monotonic()
+        metrics = {**metrics, "wall_s": round(now - since, 1)}
+        since = now
+        row = store.append(results, f"verify_{family}_{check}", command, metrics, passed=bool(metrics["passed"]),
+                           runner=driver)
+        verdicts.append(row["passed"])
+        print(json.dumps({"name": row["name"], "passed": row["passed"], "cosine": metrics.get("cosine"),
+                          "max_abs_diff": metrics.get("max_abs_diff"), "wall_s": metrics["wall_s"]}), flush=True)
+
+    return emit
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -204,23 +249,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--results", type=Path, default=ROOT / "results" / "verification.jsonl")
     ap.add_argument("--work", type=Path, default=ROOT / "outputs" / "verification")
     ap.add_argument("--families", nargs="+", choices=FAMILIES, default=list(FAMILIES))
-    ap.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
-                    help="3d: steps 2-7 (runs A and B); fsdp: step 8 (run C)")
+    ap.add_argument("--checks", nargs="+", choices=CHECKS, default=list(CHECKS),
+                    help="a subset, with the runs and exports it rests on (their rows too)")
     ap.add_argument("--gpu", type=int, default=0)
     a = ap.parse_args(argv)
     driver = (f"python -m vlmtrain.lab.checks.verification --families {' '.join(a.families)} "
-              f"--parts {' '.join(a.parts)} --gpu {a.gpu}")
+              f"--checks {' '.join(a.checks)} --gpu {a.gpu}")
     verdicts: list[bool] = []
 
     for family in a.families:
-        def emit(check: str, command: str, metrics: dict[str, Any], family: str = family) -> None:
-            row = store.append(a.results, f"verify_{family}_{check}", command, metrics, passed=bool(metrics["passed"]),
-                               runner=driver)
-            verdicts.append(row["passed"])
-            print(json.dumps({"name": row["name"], "passed": row["passed"], "cosine": metrics.get("cosine"),
-                              "max_abs_diff": metrics.get("max_abs_diff")}), flush=True)
-
-        family_checks(family, a.work / family, a.gpu, emit, tuple(a.parts))
+        family_checks(family, a.work / family, a.gpu, writer(a.results, family, driver, verdicts), tuple(a.checks))
     return 0 if verdicts and all(verdicts) else 1
 
 
