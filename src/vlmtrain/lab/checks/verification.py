@@ -162,27 +162,24 @@ def family_checks(family: str, work: Path, gpu: int, emit, checks: tuple[str, ..
     if "parity_import" in checks:
         emit("parity_import", *parity(work, "parity_import", hf, option, gpu))
     if need["a"]:
-        checks_3d(work, hf, option, model, gpu, emit, checks, need)
+        checks_3d(work, hf, option, model, gpu, emit, checks)
     if need["c"]:
         checks_fsdp(work, hf, model, gpu, emit, checks)
 
 
-def checks_3d(work: Path, hf: Path, option: str, model: list[str], gpu: int, emit, checks: tuple[str, ...],
-              need: dict[str, bool]) -> None:
+def checks_3d(work: Path, hf: Path, option: str, model: list[str], gpu: int, emit, checks: tuple[str, ...]) -> None:
     """Steps 3-7: runs A and B (resume), export, reload, frozen, parity of the trained model."""
+    need = needed(checks)
     a_args = resume.overrides("3d", work / "ckpt_a", iterations=STEPS, save_interval=SAVE_INTERVAL, model=model)
-    run_a = resume.launch(a_args, work / "a", gpu)
-    if need["b"]:
-        b_args = resume.overrides("3d", work / "ckpt_b", iterations=STEPS, save_interval=SAVE_INTERVAL, model=model)
-        killed_at = resume.kill_after(resume.launch(b_args, work / "b_killed", gpu), work / "ckpt_b",
-                                      work / "b_killed", KILL_AFTER)
-        resumed_from = resume.tracker(work / "ckpt_b")
-        rc_b = resume.launch(b_args, work / "b_resumed", gpu).wait()
-        rc_a = run_a.wait()
-        checked = loss_check(resume.losses(work / "a"), resume.losses(work / "b_resumed"), resumed_from)
-        emit("resume", runner.recorded(b_args), {**checked, "killed_after_step": killed_at, "rc_uninterrupted": rc_a,
-                                                 "rc_resumed": rc_b, "passed": checked["passed"] and rc_a == rc_b == 0})
+    b_args = resume.overrides("3d", work / "ckpt_b", iterations=STEPS, save_interval=SAVE_INTERVAL, model=model)
+    run_a = resume.launch(a_args, work / "a", gpu)  # B runs beside A
+    b = kill_and_resume(b_args, work, gpu) if need["b"] else None
     rc_a = run_a.wait()
+    if b is not None:
+        checked = loss_check(resume.losses(work / "a"), resume.losses(work / "b_resumed"), b["checkpoint_step"])
+        emit("resume", runner.recorded(b_args), {**checked, "killed_after_step": b["killed_after_step"],
+                                                 "rc_uninterrupted": rc_a, "rc_resumed": b["rc_resumed"],
+                                                 "passed": checked["passed"] and rc_a == b["rc_resumed"] == 0})
     if not need["export"]:
         return
     if rc_a != 0:
@@ -193,6 +190,15 @@ def checks_3d(work: Path, hf: Path, option: str, model: list[str], gpu: int, emi
     if export is not None and "parity_trained" in checks:
         last = work / "ckpt_a" / f"iter_{STEPS:07d}"
         emit("parity_trained", *parity(work, "parity_trained", export, option, gpu, hf=hf, megatron=last))
+
+
+def kill_and_resume(b_args: list[str], work: Path, gpu: int) -> dict[str, Any]:
+    """Run B: killed once it has checkpointed and logged step KILL_AFTER, then relaunched unchanged."""
+    killed_at = resume.kill_after(resume.launch(b_args, work / "b_killed", gpu), work / "ckpt_b", work / "b_killed",
+                                  KILL_AFTER)
+    checkpoint_step = resume.tracker(work / "ckpt_b")
+    return {"killed_after_step": killed_at, "checkpoint_step": checkpoint_step,
+            "rc_resumed": resume.launch(b_args, work / "b_resumed", gpu).wait()}
 
 
 def checks_fsdp(work: Path, hf: Path, model: list[str], gpu: int, emit, checks: tuple[str, ...]) -> None:
