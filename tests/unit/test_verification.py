@@ -17,13 +17,14 @@ def checkpoint(request, tmp_path_factory) -> Path:
     return tiny_hf.build(request.param, tmp_path_factory.mktemp(request.param) / "ckpt", num_layers=4)
 
 
-def cpu_logits(hf_dir: Path, batch: dict):
+def cpu_logits(hf_dir: Path, batch: dict, dtype=None):
     import torch
     from transformers import AutoModelForImageTextToText
 
-    model = AutoModelForImageTextToText.from_pretrained(str(hf_dir), dtype=torch.float32, local_files_only=True)
+    dtype = dtype or torch.float32
+    model = AutoModelForImageTextToText.from_pretrained(str(hf_dir), dtype=dtype, local_files_only=True)
     with torch.no_grad():
-        return model(**batch).logits[0]
+        return model(**batch).logits[0].float()
 
 
 def test_prompt_carries_both_photos(checkpoint):
@@ -63,6 +64,29 @@ def test_logits_verdict_passes_the_same_model_and_fails_a_wrong_mapping(checkpoi
     save_file(weights, str(shard), metadata={"format": "pt"})
     verdict = hf_parity.compare(ref, cpu_logits(wrong, batch))
     assert not verdict["passed"], verdict
+
+
+def test_swapped_norms_fail_the_fp32_control(checkpoint, tmp_path):
+    """The first full-attention layer's query and key norms swapped (a mapping mistake that a checkpoint of equal
+    norms would hide) miss the FP32 control, where the same model in BF16 passes it."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    batch = hf_parity.inputs(checkpoint)
+    ref32 = cpu_logits(checkpoint, batch)
+    ref16 = cpu_logits(checkpoint, batch, torch.bfloat16)
+    assert hf_parity.compare(ref16, ref16.clone(), ref32)["within_noise"]
+    swapped = tmp_path / "swapped"
+    shutil.copytree(checkpoint, swapped)
+    (shard,) = sorted(swapped.glob("*.safetensors"))
+    weights = load_file(str(shard))
+    q = next(n for n in sorted(weights) if n.endswith("self_attn.q_norm.weight"))
+    k = q.replace("q_norm", "k_norm")
+    assert not torch.equal(weights[q], weights[k])  # tiny_hf spreads every 1-D weight
+    weights[q], weights[k] = weights[k], weights[q]
+    save_file(weights, str(shard), metadata={"format": "pt"})
+    verdict = hf_parity.compare(ref16, cpu_logits(swapped, batch, torch.bfloat16), ref32)
+    assert not verdict["within_noise"], verdict
 
 
 def test_frozen_weights_verdict(checkpoint):

@@ -30,6 +30,9 @@ SHAPE_30B = [*L4_30B, "data=realistic"]
 L4_35 = ["model=qwen35_vl_35b_a3b", "model.num_layers=4"]
 """Qwen3.5-VL-35B-A3B's layer shapes at 4 decoder layers (H2): one 3:1 block of Gated DeltaNet and attention."""
 SHAPE_35 = [*L4_35, "data=realistic"]
+L2_35 = ["model=qwen35_vl_35b_a3b", "model.num_layers=2", "model.linear_attention.full_attention_interval=2"]
+"""H2's layer shapes at 2 decoder layers, one Gated DeltaNet and one full attention: both mixers at the real shapes
+in what one 80 GB H100 holds with the optimizer (H2's 4 layers do not)."""
 TINY_QWEN35 = ["model=tiny_qwen35"]
 # The largest 235B depth one H200 holds (memory estimate 92.5 GiB): one layer, so one deepstack merger.
 SHAPE_235B = ["model=qwen3_vl_235b_a22b", "model.num_layers=1", "model.vit.deepstack_indexes=[8]", "data=realistic"]

@@ -72,6 +72,7 @@ CASES: dict[str, list[str]] = {
     "tiny-qwen35_kernels-default": [*cases.TINY_QWEN35],
     "h2-shape-l4_kernels-default": [*cases.L4_35],
     "h2-shape-l4_kernels-fast": [*cases.L4_35, "kernels=fast"],
+    "h2-shape-l2-gdn-attn_kernels-default": [*cases.L2_35],
 }
 
 def run_cases(only: list[str] | None, results_path: Path, commit: str) -> int:

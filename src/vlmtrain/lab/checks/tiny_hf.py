@@ -18,6 +18,10 @@ from vlmtrain.config.groups.model import Family, ModelConfig, hf_config
 OPTIONS = {Family.qwen3_vl: "tiny", Family.qwen35_vl: "tiny_qwen35"}
 """The conf/model option each family's tiny checkpoint takes its shapes from."""
 SEED = 0
+SPREAD = 0.1
+"""Every 1-D weight (norms, biases, the Gated DeltaNet's A_log and dt_bias) gets noise of this std on top of its
+init: transformers initializes each kind to one value (every RMSNorm of Qwen3.5 to 0), and a mapping that swapped two
+such tensors would pass an import parity check unseen and show only once training moved them apart."""
 
 
 def model_config(family: str, num_layers: int) -> ModelConfig:
@@ -34,8 +38,9 @@ def model_config(family: str, num_layers: int) -> ModelConfig:
 
 
 def build(family: str, out: Path, num_layers: int = 4) -> Path:
-    """Write a random-init checkpoint of `family` (qwen3_vl or qwen35_vl) with `num_layers` decoder layers into `out`
-    (config.json, model.safetensors, tokenizer and processor files); returns `out`."""
+    """Write a random-init checkpoint (1-D weights spread by SPREAD) of `family` (qwen3_vl or qwen35_vl) with
+    `num_layers` decoder layers into `out` (config.json, model.safetensors, tokenizer and processor files); returns
+    `out`."""
     import torch
     from transformers import AutoModelForImageTextToText
 
@@ -47,6 +52,10 @@ def build(family: str, out: Path, num_layers: int = 4) -> Path:
     cfg.dtype = torch.bfloat16
     torch.manual_seed(SEED)
     model = AutoModelForImageTextToText.from_config(cfg, dtype=torch.bfloat16)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.add_(torch.randn_like(p, dtype=torch.float32).mul_(SPREAD).to(p.dtype))
     model.save_pretrained(str(out))
     return out
 

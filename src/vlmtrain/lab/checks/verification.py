@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -108,8 +109,6 @@ def loss_check(ref: dict[int, float], got: dict[int, float], checkpoint_step: in
 
 def python(args: list[str], log: Path, gpu: int) -> int:
     """A `python -m ...` step in a process of its own (its own CUDA context and process group), logged to `log`."""
-    import os
-
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)}
     with log.open("wb") as out:
         return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, env=env, stdout=out,
@@ -231,9 +230,10 @@ def export_checks(work: Path, run: str, suffix: str, hf: Path, gpu: int, emit, c
     return export
 
 
-def writer(results: Path, family: str, driver: str, verdicts: list[bool]) -> Callable[[str, str, dict], None]:
+def writer(results: Path, family: str, driver: str, verdicts: list[bool],
+           commit: str) -> Callable[[str, str, dict], None]:
     """`emit(check, command, metrics)`: appends the family's row for `check` with `wall_s` (seconds since its
-    previous row, or since this writer was made), prints it and keeps its verdict."""
+    previous row, or since this writer was made) and the commit checked, prints it and keeps its verdict."""
     since = time.monotonic()
 
     def emit(check: str, command: str, metrics: dict[str, Any]) -> None:
@@ -242,7 +242,7 @@ def writer(results: Path, family: str, driver: str, verdicts: list[bool]) -> Cal
         metrics = {**metrics, "wall_s": round(now - since, 1)}
         since = now
         row = store.append(results, f"verify_{family}_{check}", command, metrics, passed=bool(metrics["passed"]),
-                           runner=driver)
+                           runner=driver, commit=commit)
         verdicts.append(row["passed"])
         print(json.dumps({"name": row["name"], "passed": row["passed"], "cosine": metrics.get("cosine"),
                           "max_abs_diff": metrics.get("max_abs_diff"), "wall_s": metrics["wall_s"]}), flush=True)
@@ -258,13 +258,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--checks", nargs="+", choices=CHECKS, default=list(CHECKS),
                     help="a subset, with the runs and exports it rests on (their rows too)")
     ap.add_argument("--gpu", type=int, default=0)
+    ap.add_argument("--commit", default=os.environ.get("VLMTRAIN_COMMIT", "unknown"))
     a = ap.parse_args(argv)
     driver = (f"python -m vlmtrain.lab.checks.verification --families {' '.join(a.families)} "
               f"--checks {' '.join(a.checks)} --gpu {a.gpu}")
     verdicts: list[bool] = []
 
     for family in a.families:
-        family_checks(family, a.work / family, a.gpu, writer(a.results, family, driver, verdicts), tuple(a.checks))
+        emit = writer(a.results, family, driver, verdicts, a.commit)
+        family_checks(family, a.work / family, a.gpu, emit, tuple(a.checks))
     return 0 if verdicts and all(verdicts) else 1
 
 

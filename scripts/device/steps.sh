@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The GPU steps still to run, by name, on the lent GPU machine after `scripts/device/install.sh` (docs/architecture.md,
+# "Testing on a GPU"); each writes its rows and a tarball of its logs under $OUT, which the call brings back.
+#   VLMTRAIN_COMMIT=<sha> bash scripts/device/steps.sh STEP
+# Steps, in the order a fresh machine should run them (each fits one 10-minute call on one H100):
+#   verify35      Qwen3.5 HF round trip: parity_import and parity_trained (with the FP32 control and per-layer
+#                 differences of vlmtrain.lab.checks.hf_parity)
+#   pack35tiny    packing equivalence of tiny Qwen3.5 (Gated DeltaNet + attention, boundaries controls)
+#   pack35h2l2    packing equivalence at H2's layer shapes, 2 layers (one Gated DeltaNet, one attention)
+#   verify3vl     verify35's checks for Qwen3-VL-MoE (the same checkpoint builder, its 1-D weights spread)
+set -uo pipefail
+step=${1:?usage: steps.sh STEP}
+export PYTHONPATH=/tmp/site:$PWD/src NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONUNBUFFERED=1 VLMTRAIN_COMMIT=${VLMTRAIN_COMMIT:-unknown}
+OUT=${OUT:?run on the device machine, where OUT is set}
+# A rank left over from an earlier call holds GPU memory: kill what nvidia-smi lists first.
+for pid in $(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null); do kill -9 "$pid" 2>/dev/null; done
+logs() { (cd "$1" && find . -maxdepth 3 \( -name '*.log' -o -name '*.json' \) -print0 |
+  tar czf "$OUT/$step-logs.tgz" --null -T -); }
+case $step in
+  verify35|verify3vl)
+    family=$([ "$step" = verify35 ] && echo qwen35_vl || echo qwen3_vl)
+    timeout 560 python3 -m vlmtrain.lab.checks.verification --families "$family" \
+      --checks parity_import parity_trained --results "$OUT/verification.jsonl" --work /tmp/verif
+    rc=$?
+    logs /tmp/verif
+    ;;
+  pack35tiny|pack35h2l2)
+    case=$([ "$step" = pack35tiny ] && echo tiny-qwen35_kernels-default || echo h2-shape-l2-gdn-attn_kernels-default)
+    timeout 570 python3 -m vlmtrain.lab.checks.packing_equivalence --only "$case" \
+      --results "$OUT/packing_equivalence.jsonl"
+    rc=$?
+    logs "outputs/packing_equivalence/$case"
+    ;;
+  *) echo "unknown step $step"; exit 2;;
+esac
+nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
+echo "[steps] $step rc $rc"
+exit $rc
