@@ -67,26 +67,26 @@ def test_logits_verdict_passes_the_same_model_and_fails_a_wrong_mapping(checkpoi
 
 
 def test_swapped_norms_fail_the_fp32_control(checkpoint, tmp_path):
-    """The first full-attention layer's query and key norms swapped (a mapping mistake that a checkpoint of equal
-    norms would hide) miss the FP32 control, where the same model in BF16 passes it."""
+    """The first decoder layer's two norms swapped (a mapping mistake that a checkpoint of equal norms would hide)
+    miss the FP32 control, where the same model in BF16 passes it."""
     import torch
     from safetensors.torch import load_file, save_file
 
     batch = hf_parity.inputs(checkpoint)
     ref32 = cpu_logits(checkpoint, batch)
     ref16 = cpu_logits(checkpoint, batch, torch.bfloat16)
-    assert hf_parity.compare(ref16, ref16.clone(), ref32)["within_noise"]
+    assert hf_parity.compare(ref16, ref16.clone(), ref32)["passed"]
     swapped = tmp_path / "swapped"
     shutil.copytree(checkpoint, swapped)
     (shard,) = sorted(swapped.glob("*.safetensors"))
     weights = load_file(str(shard))
-    q = next(n for n in sorted(weights) if n.endswith("self_attn.q_norm.weight"))
-    k = q.replace("q_norm", "k_norm")
-    assert not torch.equal(weights[q], weights[k])  # tiny_hf spreads every 1-D weight
-    weights[q], weights[k] = weights[k], weights[q]
+    pre = "model.language_model.layers.0.input_layernorm.weight"
+    post = pre.replace("input_layernorm", "post_attention_layernorm")
+    assert not torch.equal(weights[pre], weights[post])  # tiny_hf spreads every 1-D weight
+    weights[pre], weights[post] = weights[post], weights[pre]
     save_file(weights, str(shard), metadata={"format": "pt"})
     verdict = hf_parity.compare(ref16, cpu_logits(swapped, batch, torch.bfloat16), ref32)
-    assert not verdict["within_noise"], verdict
+    assert not verdict["passed"], verdict
 
 
 def test_frozen_weights_verdict(checkpoint):
