@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -244,6 +247,19 @@ def test_a_sweep_with_wandb_views_builds_them_when_it_ends(monkeypatch: pytest.M
         assert (sweep_dir / wandb_views.SPEC_FILE).exists() == views
     out = capsys.readouterr().out
     assert f"not published (wandb.mode=offline); publish them later with:\n  vlmtrain wandb publish {sweep_dir}" in out
+
+
+def test_wandb_views_true_reaches_the_sweeps_end_through_hydra(tmp_path: Path) -> None:
+    """A real `python train.py -m` (preflight only, on CPU) into a sweep dir holding the recorded runs: Hydra hands
+    wandb.views=true to the sweep's end, which writes the views next to the report."""
+    sweep_dir = shutil.copytree(FIXTURE, tmp_path / "sweep")
+    done = subprocess.run([sys.executable, str(ROOT / "train.py"), "-m", "train.micro_batch_size=1,2",
+                           "hydra.sweeper.preflight_only=true", "wandb.views=true", "dry_run=true",
+                           f"hydra.sweep.dir={sweep_dir}"], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "WANDB_MODE": "offline"}, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert (sweep_dir / "report.md").exists() and (sweep_dir / wandb_views.SPEC_FILE).exists()
+    assert "not published (wandb.mode=offline)" in done.stdout
 
 
 def test_the_picture_draws_every_panel_of_the_spec(sweep: Any, spec: dict[str, Any], tmp_path: Path) -> None:

@@ -126,7 +126,7 @@ def read(source: str | Path) -> Sweep:
         runs = [read_wandb_file(p) for p in wandb_files(root)]
         jobs = gather(root)
     if not runs:
-        raise SweepError(f"{text}: no W&B runs there (the jobs ran with wandb.enabled=false, or the group is empty); "
+        raise SweepError(f"{text}: no W&B runs there (no job logged to W&B: wandb.enabled=false, or none started); "
                          f"`vlmtrain report {text}` still ranks the jobs")
     project = _one({r["project"] for r in runs}, "project", text)
     group = _one({r["group"] for r in runs}, "group", text)
