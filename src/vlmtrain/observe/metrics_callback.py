@@ -154,7 +154,9 @@ class MetricsCallback(Callback):
         self._write_checks()
         self.timer.detach()
         if self._is_writer():
-            wandb_run.summarize(self.wandb_run, self.report, read_jsonl(self.path))
+            # the last step's row is still held when Bridge's evaluation after training follows it
+            held = [self.held] if self.held is not None else []
+            wandb_run.summarize(self.wandb_run, self.report, read_jsonl(self.path) + held)
 
     def on_eval_start(self, context: Any) -> None:
         self.eval_start = time.perf_counter()
