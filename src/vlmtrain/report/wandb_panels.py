@@ -135,6 +135,7 @@ def workspace(sweep: Sweep) -> ws.Workspace:
     runs = ws.RunsetSettings(filters=group_filter(sweep), groupby=[expr.Config(config_key(k)) for k in sweep.knobs],
                              order=[expr.Ordering(expr.Summary(SUMMARY_COLUMNS[0]), ascending=False)],
                              pinned_columns=[f"summary:{k}" for k in SUMMARY_COLUMNS])
+    # W&B draws 10 runs per panel unless told otherwise: a sweep's panels show all of its runs
     return ws.Workspace(entity=sweep.entity or "", project=sweep.project, name=title(sweep), sections=sections,
                         settings=ws.WorkspaceSettings(max_runs=max(len(sweep.runs), 10)), runset_settings=runs)
 
