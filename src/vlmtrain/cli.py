@@ -17,6 +17,15 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _wandb(args: argparse.Namespace) -> int:
+    """Build, write and publish a sweep's W&B views, or publish written ones; imported lazily like report."""
+    from vlmtrain.report import wandb_views
+
+    if args.wandb_command == "views":
+        return wandb_views.views(args.source, args.out, args.entity, "--offline" if args.offline else None)
+    return wandb_views.publish_main(args.spec, args.entity)
+
+
 def _profile(args: argparse.Namespace) -> int:
     """Summarize a profiled step (train.profile_step); imported lazily like report."""
     from vlmtrain.report import profile
@@ -119,6 +128,26 @@ def parser() -> argparse.ArgumentParser:
     rep.add_argument("source", help="multirun dir, run dir, or wandb:<entity>/<project>/<group> (W&B API)")
     rep.add_argument("--out", type=Path, help="output directory (default: the sweep dir; report-<group> for wandb:)")
     rep.set_defaults(func=_report)
+    wdb = sub.add_parser("wandb", help="a sweep's W&B workspace and report (saved views), built from code")
+    wdb_sub = wdb.add_subparsers(dest="wandb_command", required=True)
+    views = wdb_sub.add_parser("views", help="build a sweep's W&B workspace and report; publish them when online",
+                               description="Build the sweep's W&B workspace (sections ranking, towers, memory, "
+                               "training, failures; runs filtered to its group and grouped by the knobs that vary) "
+                               "and report, write them as wandb_views.json (+ wandb_views.png) next to the sweep, and "
+                               "publish them when a W&B API key and server are at hand (else print the command that "
+                               "publishes them later).")
+    views.add_argument("source", help="a -m sweep's multirun dir, or wandb:<entity>/<project>/<group> (W&B API)")
+    views.add_argument("--out", type=Path, help="where to write (default: the sweep dir; report-<group> for wandb:)")
+    views.add_argument("--entity", help="the W&B entity to publish to (default: the runs', else your default)")
+    views.add_argument("--offline", action="store_true", help="write the views only, do not publish")
+    views.set_defaults(func=_wandb)
+    pub = wdb_sub.add_parser("publish", help="upload a sweep's offline runs and save its written W&B views",
+                             description="Upload the sweep's offline W&B runs not yet synced, then save the "
+                             "workspace and report of a wandb_views.json; prints their URLs (and keeps them in the "
+                             "file, so publishing again updates the same views). Exit status 2 when it cannot now.")
+    pub.add_argument("spec", type=Path, help="wandb_views.json, as `vlmtrain wandb views` wrote it")
+    pub.add_argument("--entity", help="the W&B entity to publish to (default: the runs', else your default)")
+    pub.set_defaults(func=_wandb)
     prof = sub.add_parser("profile", help="where a profiled step's GPU and idle time went (train.profile_step)",
                           description="Summarize the PyTorch-profiler trace of a run started with "
                           "train.profile_step=N: GPU busy fraction, kernel ms by family and by the Python code that "

@@ -282,7 +282,7 @@ def test_cli_surface() -> None:
     from vlmtrain import cli
 
     commands = next(a for a in cli.parser()._actions if a.dest == "command").choices
-    assert set(commands) == {"report", "profile", "data", "tune", "sweep", "overhead", "export"}
+    assert set(commands) == {"report", "profile", "data", "tune", "sweep", "overhead", "export", "wandb"}
     args = cli.parser().parse_args(["tune", "model=tiny", "--budget-gpu-min", "15", "--versus", "a=1 b=2"])
     assert args.overrides == ["model=tiny"] and args.budget_gpu_min == 15 and args.func.__name__ == "_tune"
 

@@ -103,7 +103,7 @@ def logged(run: RunConfig, bridge_cfg: Any) -> tuple[list[dict[str, Any]], Path]
 
     state = GlobalState()
     state._cfg = bridge_cfg  # the cfg setter would also install Bridge's signal handler in the test process
-    wb = wandb_run.init(run, bridge_cfg)
+    wb = wandb_run.init(run, bridge_cfg, resolve(run))
     wandb_run.hand_to_bridge(state, wb)
     rows = fixture_rows(bridge_cfg)
     rows[EVALUATED]["val_lm_loss"] = VAL_LOSS
@@ -114,7 +114,7 @@ def logged(run: RunConfig, bridge_cfg: Any) -> tuple[list[dict[str, Any]], Path]
         if "val_lm_loss" in row:  # held until on_eval_end, which comes before evaluate_and_print_results logs
             wandb_run.log_row(wb, row)
             state.wandb_logger.log({"lm loss validation": row["val_lm_loss"]}, row["step"] + 1)
-    wandb_run.summarize(wb, {"checks": json.loads((CASE / "checks.json").read_text())})
+    wandb_run.summarize(wb, json.loads((CASE / "checks.json").read_text()), rows)
     state.wandb_logger.finish()
     return rows, Path(run.output_dir)
 
@@ -203,6 +203,22 @@ def test_validation_loss_shares_the_history_row_of_its_step(logged: tuple[list[d
     step = logged[0][EVALUATED]["step"] + 1
     assert series(read_back["history"], "val_lm_loss") == {step: VAL_LOSS}
     assert series(read_back["history"], "lm loss validation") == {step: VAL_LOSS}
+
+
+def test_summary_holds_the_reports_figures_and_the_memory_estimate(run: RunConfig,
+                                                                    logged: tuple[list[dict[str, Any]], Path],
+                                                                    read_back: dict[str, Any]) -> None:
+    """The figures `vlmtrain report` ranks by, under report/<key> (the plain keys end as the last step's: wandb
+    commits that row only at finish), and the memory estimate from the start of the run."""
+    from vlmtrain.check import memory
+    from vlmtrain.observe import keys, run_summary
+
+    summary, rows = read_back["summary"], logged[0]
+    figures = run_summary.summarize_rows(rows, keys=run_summary.SUMMARY_KEYS)
+    assert {keys.USEFUL_TOKENS_PER_S_PER_GPU, keys.MFU, keys.STEP_S} <= set(figures)
+    assert {k: summary[keys.report_key(k)] for k in figures} == pytest.approx(figures)
+    assert summary[keys.USEFUL_TOKENS_PER_S_PER_GPU] == pytest.approx(rows[-1][keys.USEFUL_TOKENS_PER_S_PER_GPU])
+    assert summary[keys.MEMORY_ESTIMATE_GIB] == pytest.approx(memory.estimate(run, resolve(run)).allocated)
 
 
 def test_megatron_numbers_reproduce_bridges_printed_tflops(logged: tuple[list[dict[str, Any]], Path]) -> None:

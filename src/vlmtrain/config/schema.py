@@ -39,6 +39,9 @@ class WandbConfig:
     """Extra tags; every group choice, the model, data kind and versions are tagged automatically."""
     init_timeout_s: float = 15.0
     """Online only: how long wandb.init may wait for the server before the run falls back to offline."""
+    views: bool = False
+    """-m sweeps: when the sweep ends, build its W&B workspace and report (`vlmtrain wandb views`): saved online,
+    else written as JSON next to the sweep with the command that publishes them."""
 
 
 @dataclass

@@ -33,8 +33,8 @@ from megatron.bridge.training.callbacks import Callback
 
 from vlmtrain.config.groups import precision
 from vlmtrain.config.resolve import Resolved
-from vlmtrain.observe import flops, startup, timing, wandb_run
-from vlmtrain.observe.run_summary import SKIP, append_jsonl
+from vlmtrain.observe import flops, keys, startup, timing, wandb_run
+from vlmtrain.observe.run_summary import SKIP, append_jsonl, read_jsonl
 from vlmtrain.observe.step_line import step_line
 from vlmtrain.train.step_counters import COUNTERS
 
@@ -86,23 +86,23 @@ def bridge_step_stats(context: Any) -> tuple[int, tuple]:
 def step_rates(run: RunConfig, counts: dict[str, Any], fl: flops.Flops, step_s: float, gpus: int) -> dict[str, Any]:
     """One step's FLOPs, token rates and MFUs from its token counts (all ranks') and vlmtrain's FLOPs: the one
     definition of these keys, for vlmtrain's rows and the Bridge-recipe peer's (lab.bridge_recipe)."""
-    return dict(flops_vit=fl.vit, flops_projector=fl.projector, flops_decoder=fl.decoder, flops=fl.total,
-                useful_tokens_per_s_per_gpu=counts["nonpad_tokens"] / step_s / gpus,
-                padded_tokens_per_s_per_gpu=counts["padded_tokens"] / step_s / gpus,
-                tflops_per_s_per_gpu=fl.total / step_s / gpus / 1e12,
-                mfu=flops.mfu(fl.total, step_s, gpus, run.hardware.peak_bf16_tflops),
-                mfu_precision_peak=flops.mfu(fl.total, step_s, gpus, precision.peak_tflops(run)),
-                precision=precision.label(run))
+    return {"flops_vit": fl.vit, "flops_projector": fl.projector, "flops_decoder": fl.decoder, "flops": fl.total,
+            keys.USEFUL_TOKENS_PER_S_PER_GPU: counts["nonpad_tokens"] / step_s / gpus,
+            "padded_tokens_per_s_per_gpu": counts["padded_tokens"] / step_s / gpus,
+            "tflops_per_s_per_gpu": fl.total / step_s / gpus / 1e12,
+            keys.MFU: flops.mfu(fl.total, step_s, gpus, run.hardware.peak_bf16_tflops),
+            "mfu_precision_peak": flops.mfu(fl.total, step_s, gpus, precision.peak_tflops(run)),
+            "precision": precision.label(run)}
 
 
 def loss_values(loss_dict: dict[str, Any] | None) -> dict[str, float]:
     """Bridge's loss dict as row keys ("lm loss" -> lm_loss), tensors as floats."""
-    return {k.replace(" ", "_"): float(v.item() if hasattr(v, "item") else v) for k, v in (loss_dict or {}).items()}
+    return {keys.row_key(k): float(v.item() if hasattr(v, "item") else v) for k, v in (loss_dict or {}).items()}
 
 
 def grad_norm(context: Any) -> dict[str, float]:
     """The step's grad norm as Bridge hands it to callbacks (Megatron's, over all ranks; absent without clipping)."""
-    return {} if context.grad_norm is None else {"grad_norm": float(context.grad_norm)}
+    return {} if context.grad_norm is None else {keys.GRAD_NORM: float(context.grad_norm)}
 
 
 class MetricsCallback(Callback):
@@ -143,7 +143,7 @@ class MetricsCallback(Callback):
         self.max_graphed = 0
         self.timer.attach(context.model, context.optimizer)
         if self._is_writer():
-            self.wandb_run = wandb_run.init(self.run, context.state.cfg)
+            self.wandb_run = wandb_run.init(self.run, context.state.cfg, self.resolved)
             wandb_run.hand_to_bridge(context.state, self.wandb_run)
         self._write_checks()
 
@@ -154,7 +154,9 @@ class MetricsCallback(Callback):
         self._write_checks()
         self.timer.detach()
         if self._is_writer():
-            wandb_run.summarize(self.wandb_run, {"checks": self.report})
+            # the last step's row is still held when Bridge's evaluation after training follows it
+            held = [self.held] if self.held is not None else []
+            wandb_run.summarize(self.wandb_run, self.report, read_jsonl(self.path) + held)
 
     def on_eval_start(self, context: Any) -> None:
         self.eval_start = time.perf_counter()
@@ -164,7 +166,7 @@ class MetricsCallback(Callback):
         total_loss_dict holds the losses); every rank drops the evaluation's batches from its counters."""
         self.counters.reset()
         if self.held is not None and context.total_loss_dict:
-            self.held.update({f"val_{k}": v for k, v in loss_values(context.total_loss_dict).items()},
+            self.held.update({keys.VAL_PREFIX + k: v for k, v in loss_values(context.total_loss_dict).items()},
                              val_s=time.perf_counter() - self.eval_start)
         self._write_held()
 
@@ -290,9 +292,10 @@ class MetricsCallback(Callback):
 
     def _row(self, context: Any, vals: list[float], peak_gib: float, step_s: float) -> dict[str, Any]:
         """Counters, vlmtrain FLOPs and throughput, losses and grad norm of this step."""
-        row: dict[str, Any] = {"step": context.state.train_state.step, "step_s": step_s, "peak_mem_gib": peak_gib,
-                               "data_kind": str(self.run.data.kind), "skipped_samples": self.skipped_samples,
-                               "skipped_steps": self.skipped_steps, **self.truncated}
+        row: dict[str, Any] = {keys.STEP: context.state.train_state.step, keys.STEP_S: step_s,
+                               keys.PEAK_MEM_GIB: peak_gib, "data_kind": str(self.run.data.kind),
+                               "skipped_samples": self.skipped_samples, keys.SKIPPED_STEPS: self.skipped_steps,
+                               **self.truncated}
         row.update({k: int(v) for k, v in zip(COUNTERS, vals[: len(COUNTERS)], strict=True)})
         fl = flops.Flops(*vals[len(COUNTERS):])
         row.update(step_rates(self.run, row, fl, step_s, self.resolved.layout.world_size))

@@ -17,6 +17,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from vlmtrain.observe.keys import tower_mfu_key
 from vlmtrain.observe.startup import KEYS as STARTUP_KEYS
 
 SKIP = 3
@@ -91,7 +92,7 @@ def tower_mfu(rows: list[dict[str, Any]]) -> dict[str, float]:
         if all(isinstance(f, int | float) and isinstance(t, int | float) for f, t, _ in pairs):
             seconds = sum(t for _, t, _ in pairs)
             if seconds > 0:
-                out[f"mfu_{tower}"] = sum(f / p for f, _, p in pairs) / seconds
+                out[tower_mfu_key(tower)] = sum(f / p for f, _, p in pairs) / seconds
     return out
 
 

@@ -32,9 +32,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from itertools import pairwise
 from typing import Any
 
+from vlmtrain.observe.keys import time_key
+
 COMPONENTS = ("vision", "projector", "decoder", "optimizer", "data")
 OTHER = "other"
-KEYS = tuple(f"time_{c}_s" for c in COMPONENTS)
+KEYS = tuple(time_key(c) for c in COMPONENTS)
 
 
 def attribute(labels: Sequence[str], durations: Sequence[float]) -> dict[str, float]:
@@ -49,10 +51,10 @@ def attribute(labels: Sequence[str], durations: Sequence[float]) -> dict[str, fl
 
 def row(totals: Mapping[str, float], step_s: float) -> dict[str, float]:
     """metrics.jsonl keys: time_<component>_s, time_other_s = the rest of step_s, and component_coverage."""
-    named = {f"time_{c}_s": float(totals.get(c, 0.0)) for c in COMPONENTS}
+    named = {time_key(c): float(totals.get(c, 0.0)) for c in COMPONENTS}
     covered = sum(named.values())
     # The marks lie inside the synchronised step window, so covered <= step_s up to clock resolution.
-    return {**named, "time_other_s": max(step_s - covered, 0.0),
+    return {**named, time_key(OTHER): max(step_s - covered, 0.0),
             "component_coverage": covered / step_s if step_s > 0 else 0.0}
 
 

@@ -17,6 +17,11 @@
   so vlmtrain's and Bridge's numbers for one step share a history row; a row an evaluation followed
   (train.eval_interval) carries `val_lm_loss`, next to Bridge's own `lm loss validation` at the same step. Bridge
   finishes the run in _finish_train.
+- Summary: at start the memory estimate (`memory_estimate_gib`, the allocator peak check.memory predicts: a run that
+  runs out of memory still has it); at train end the after-training checks and the run's figures as
+  `vlmtrain report` computes them under `report/<key>` (observe.run_summary over metrics.jsonl: rates over the
+  steps after warm-up, medians of the step and component times, per-tower MFU), so a W&B bar chart or runs table
+  shows the number the report ranks by rather than the last step's.
 """
 
 from __future__ import annotations
@@ -33,17 +38,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vlmtrain.config import redact
+from vlmtrain.observe import keys
+from vlmtrain.observe.run_summary import SUMMARY_KEYS, summarize_rows
 from vlmtrain.train.after_build import SettingNotApplied
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
 
+    from vlmtrain.config.resolve import Resolved
     from vlmtrain.config.schema import RunConfig
 
 DEFAULT_BASE_URL = "https://api.wandb.ai"
 PROBE_TIMEOUT_S = 2.0
 VERSIONED = ("megatron-bridge", "megatron-core", "transformer-engine", "torch")
 MAX_TAG_LEN = 64
+RUN_CONFIG = "vlmtrain"
+"""The W&B config key of the composed run config (next to "bridge", Bridge's resolved ConfigContainer)."""
 
 
 def note(message: str) -> None:
@@ -89,7 +99,7 @@ def config(run: RunConfig, bridge_cfg: ConfigContainer | None) -> dict[str, Any]
     """The composed vlmtrain config and Bridge's resolved fields, JSON-sanitized like Bridge's own, secrets masked."""
     from omegaconf import OmegaConf
 
-    tree: dict[str, Any] = {"vlmtrain": OmegaConf.to_container(OmegaConf.structured(run), enum_to_str=True)}
+    tree: dict[str, Any] = {RUN_CONFIG: OmegaConf.to_container(OmegaConf.structured(run), enum_to_str=True)}
     if bridge_cfg is not None:
         from megatron.bridge.training.utils.log_utils import safe_serialize
 
@@ -132,8 +142,9 @@ def go_offline(reason: str) -> None:
     note(f"{reason}: logging offline (WANDB_MODE=offline).")
 
 
-def init(run: RunConfig, bridge_cfg: ConfigContainer | None) -> Any | None:
-    """Start this training run's W&B run (writer rank only); None when W&B is off."""
+def init(run: RunConfig, bridge_cfg: ConfigContainer | None, res: Resolved | None = None) -> Any | None:
+    """Start this training run's W&B run (writer rank only), with the memory estimate in its summary when `res` is
+    given; None when W&B is off."""
     mode = requested_mode(run)
     if mode == "disabled":
         return None
@@ -148,13 +159,19 @@ def init(run: RunConfig, bridge_cfg: ConfigContainer | None) -> Any | None:
               "dir": str(Path(run.output_dir).resolve()), "config": config(run, bridge_cfg),
               "settings": wandb.Settings(init_timeout=run.wandb.init_timeout_s)}
     Path(kwargs["dir"]).mkdir(parents=True, exist_ok=True)
+    wb_run = None
     if mode == "online":
         try:
-            return wandb.init(mode="online", **kwargs)
+            wb_run = wandb.init(mode="online", **kwargs)
         except Exception as e:  # wandb raises UsageError, CommError, AuthenticationError, ... training goes on
             go_offline(f"online init failed ({type(e).__name__}: {e})")
-    wb_run = wandb.init(mode="offline", **kwargs)
-    note(f"offline run in {wb_run.settings.sync_dir}; upload later with: wandb sync {wb_run.settings.sync_dir}")
+    if wb_run is None:
+        wb_run = wandb.init(mode="offline", **kwargs)
+        note(f"offline run in {wb_run.settings.sync_dir}; upload later with: wandb sync {wb_run.settings.sync_dir}")
+    if res is not None:
+        from vlmtrain.check import memory
+
+        wb_run.summary[keys.MEMORY_ESTIMATE_GIB] = memory.estimate(run, res).allocated
     return wb_run
 
 
@@ -185,12 +202,14 @@ def log_row(wb_run: Any | None, row: dict[str, Any]) -> None:
         wb_run.log(row, step=int(row["step"]) + 1)
 
 
-def summarize(wb_run: Any | None, summary: dict[str, Any]) -> None:
-    """At train end: the run's summary, and the sync command when offline. Bridge's _finish_train finishes the run
-    (it holds it), after any post-training evaluation has logged into it."""
+def summarize(wb_run: Any | None, checks: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+    """At train end: the after-training checks and the figures of the run's metrics.jsonl `rows` into the summary,
+    and the sync command when offline. Bridge's _finish_train finishes the run (it holds it), after any
+    post-training evaluation has logged into it."""
     if wb_run is None:
         return
-    wb_run.summary.update(summary)
+    figures = summarize_rows(rows, keys=SUMMARY_KEYS)
+    wb_run.summary.update({"checks": checks, **{keys.report_key(k): v for k, v in figures.items()}})
     if wb_run.offline:
         note(f"upload this run with: wandb sync {wb_run.settings.sync_dir}")
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vlmtrain.config.groups import CHOSEN
+from vlmtrain.observe.keys import VAL_LM_LOSS
 from vlmtrain.observe.run_summary import HEADLINE_KEYS, steady, summarize_rows
 
 if TYPE_CHECKING:
@@ -22,7 +23,7 @@ COMPONENTS = ("ViT", "projector", "decoder", "optimizer", "data", "other")
 SUMMARY_KEYS = (*HEADLINE_KEYS, *TIME_KEYS, *FLOP_KEYS, "vlmtrain_host_s", "skipped_samples",
                 "truncated_samples")
 
-VAL_KEY = "val_lm_loss"
+VAL_KEY = VAL_LM_LOSS
 """observe.metrics_callback's validation loss, on the row of the step an evaluation followed."""
 
 SECTIONS = {

@@ -90,6 +90,17 @@ def validation_table(jobs: list[Job], base: dict[str, str]) -> list[str]:
                    "last val loss", "last train loss"], rows)
 
 
+def ranked_groups(jobs: list[Job]) -> list[tuple[str, list[Job]]]:
+    """The ranked jobs by ranking group (section, then precision), each with its title, in report order."""
+    out = []
+    for group in sorted({j.ranking for j in jobs if j.rank is not None}):
+        members = [j for j in jobs if j.rank is not None and j.ranking == group]
+        title = SECTIONS[members[0].section] + (f" — precision {group[2]} (ranked only against {group[2]})"
+                                                if group[2] != "bf16" else "")
+        out.append((title, members))
+    return out
+
+
 def _sweep_line(root: Path | None) -> str | None:
     path = root / "multirun.yaml" if root else None
     if not path or not path.exists():
@@ -123,10 +134,7 @@ def render(jobs: list[Job], source: str, root: Path | None) -> str:
     if kind == "flops":
         lines += ["", "No per-component times in metrics.jsonl: the split columns show the model **FLOP** split, "
                   "not time."]
-    for group in sorted({j.ranking for j in jobs if j.rank is not None}):
-        members = [j for j in jobs if j.rank is not None and j.ranking == group]
-        title = SECTIONS[members[0].section] + (f" — precision {group[2]} (ranked only against {group[2]})"
-                                                if group[2] != "bf16" else "")
+    for title, members in ranked_groups(jobs):
         lines += ["", f"## {title}", "", *ranked_table(members, base, kind)]
     others = [j for j in jobs if j.rank is None]
     if others:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
+from vlmtrain.observe.wandb_run import RUN_CONFIG, reachable
 from vlmtrain.report.failures import classify
 from vlmtrain.report.job import Job, steady_metrics, validation_curve
 
@@ -30,12 +32,13 @@ def _merge(d: dict[str, Any], key: str, value: Any) -> None:
 
 
 def read_wandb_file(path: Path) -> dict[str, Any]:
-    """An offline run's .wandb record log as {name, group, project, job_type, tags, config, history, summary,
-    output, exit_code} (wandb 0.29 has no public reader)."""
+    """An offline run's .wandb record log as {id, name, entity, group, project, job_type, tags, config, history,
+    summary, output, exit_code} (wandb 0.29 has no public reader)."""
     from wandb.proto import wandb_internal_pb2 as pb
     from wandb.sdk.internal import datastore
 
-    out: dict[str, Any] = {"name": path.stem, "group": None, "project": None, "job_type": None, "tags": [],
+    out: dict[str, Any] = {"id": None, "name": path.stem, "entity": None, "group": None, "project": None,
+                           "job_type": None, "tags": [],
                            "config": {}, "history": [], "summary": {}, "output": [], "exit_code": None}
     ds = datastore.DataStore()
     ds.open_for_scan(str(path))
@@ -53,8 +56,9 @@ def read_wandb_file(path: Path) -> dict[str, Any]:
 def _apply_record(out: dict[str, Any], rec: Any) -> None:
     kind = rec.WhichOneof("record_type")
     if kind == "run":
-        out.update(name=rec.run.display_name or rec.run.run_id, group=rec.run.run_group or None,
-                   project=rec.run.project, job_type=rec.run.job_type, tags=list(rec.run.tags))
+        out.update(id=rec.run.run_id, name=rec.run.display_name or rec.run.run_id, entity=rec.run.entity or None,
+                   group=rec.run.run_group or None, project=rec.run.project, job_type=rec.run.job_type,
+                   tags=list(rec.run.tags))
         for it in rec.run.config.update:
             _merge(out["config"], *_wandb_item(it))
     elif kind == "config":
@@ -74,16 +78,16 @@ def _apply_record(out: dict[str, Any], rec: Any) -> None:
         out["exit_code"] = rec.exit.exit_code
 
 
-def _wandb_config(config: dict[str, Any]) -> dict[str, Any]:
+def wandb_run_config(config: dict[str, Any]) -> dict[str, Any]:
     """The run config inside a W&B config: vlmtrain.observe.wandb_run stores {"vlmtrain": run config, "bridge": ...}."""
-    inner = config.get("vlmtrain")
+    inner = config.get(RUN_CONFIG)
     return inner if isinstance(inner, dict) else config
 
 
 def job_from_wandb(run: dict[str, Any], source: str) -> Job:
     """One job from a W&B run (offline record log or API), classified from its console output and exit."""
     rows = [r for r in run["history"] if "useful_tokens_per_s_per_gpu" in r]
-    job = Job(name=run["name"], source=source, config=_wandb_config(run["config"]), metrics=steady_metrics(rows),
+    job = Job(name=run["name"], source=source, config=wandb_run_config(run["config"]), metrics=steady_metrics(rows),
               data_kind=rows[0].get("data_kind") if rows else None, validation=validation_curve(rows))
     text = "".join(run["output"])
     job.status, job.reason = classify(text, job.metrics.get("steps", 0), job.expected_steps)
@@ -116,15 +120,38 @@ def attach_wandb(root: Path, jobs: list[Job]) -> list[Job]:
     return extra
 
 
-def online_jobs(spec: str) -> list[Job]:
-    """Runs of one W&B group through the public API: spec = `<entity>/<project>/<group>` (needs network + key)."""
+def offline_reason() -> str | None:
+    """Why the W&B server cannot be used from here now (None: it can): WANDB_MODE, no API key, no answer."""
+    from wandb.apis import InternalApi
+
+    mode = os.environ.get("WANDB_MODE", "")
+    if mode in ("offline", "dryrun", "disabled"):
+        return f"WANDB_MODE={mode}"
+    api = InternalApi()
+    if not api.api_key:
+        return "no W&B API key (run `wandb login` or set WANDB_API_KEY)"
+    if not reachable(api.api_url):
+        return f"{api.api_url} is not reachable"
+    return None
+
+
+def online_runs(spec: str) -> list[dict[str, Any]]:
+    """Runs of one W&B group through the public API, shaped as read_wandb_file's: spec =
+    `<entity>/<project>/<group>` (needs network + key)."""
     import wandb
 
-    project, _, group = spec.rpartition("/")
-    jobs = []
-    for api_run in wandb.Api().runs(project, filters={"group": group}):
+    path, _, group = spec.rpartition("/")
+    entity, _, project = path.rpartition("/")
+    runs = []
+    for api_run in wandb.Api().runs(path, filters={"group": group}):
         exit_code = {"finished": 0, "crashed": 1, "failed": 1, "killed": 137}.get(api_run.state)
-        run = {"name": api_run.name, "config": dict(api_run.config), "history": list(api_run.scan_history()),
-               "output": [], "exit_code": exit_code}
-        jobs.append(job_from_wandb(run, "wandb"))
-    return jobs
+        runs.append({"id": api_run.id, "name": api_run.name, "entity": entity or None, "group": group,
+                     "project": project, "job_type": api_run.job_type, "tags": list(api_run.tags),
+                     "config": dict(api_run.config), "history": list(api_run.scan_history()),
+                     "summary": dict(api_run.summary), "output": [], "exit_code": exit_code})
+    return runs
+
+
+def online_jobs(spec: str) -> list[Job]:
+    """The jobs of one W&B group (online_runs)."""
+    return [job_from_wandb(run, "wandb") for run in online_runs(spec)]

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from vlmtrain.report.labels import baseline, split_kind
 from vlmtrain.report.plots import (
@@ -56,7 +56,9 @@ def safe_write(sweep_dir: str | Path) -> Path | None:
 
 
 class ReportCallback(Callback):
-    """Hydra callback: write the sweep report when a multirun ends; a report problem never fails the sweep.
+    """Hydra callback: write the sweep report when a multirun ends, and its W&B views with `wandb.views=true`
+    (report.wandb_views: published only when the sweep logged with wandb.mode=online); a report or views problem
+    never fails the sweep.
 
     conf/train.yaml registers it for every run; only a -m sweep calls on_multirun_end (single runs never do).
     Hydra calls it only when the sweeper returns; vlmtrain's sweeper also calls it before it raises (skipped or
@@ -69,3 +71,8 @@ class ReportCallback(Callback):
             print(f"[vlmtrain] WARNING: sweep report skipped: no hydra.sweep.dir ({e})", file=sys.stderr, flush=True)
             return
         safe_write(sweep_dir)
+        if OmegaConf.select(config, "wandb.views", default=False):
+            from vlmtrain.report.wandb_views import safe_views
+
+            mode = OmegaConf.select(config, "wandb.mode", default="offline")
+            safe_views(sweep_dir, offline=None if mode == "online" else f"wandb.mode={mode}")
