@@ -115,7 +115,7 @@ def _export(args: argparse.Namespace) -> int:
     """A run's checkpoint as a Hugging Face checkpoint; imported lazily like report."""
     from vlmtrain.train import hf_export
 
-    return hf_export.main(args.run_dir, args.iteration, args.out)
+    return hf_export.main(args.run_dir, args.iteration, args.out, args.hf_path)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -173,12 +173,13 @@ def parser() -> argparse.ArgumentParser:
     chk.add_argument("overrides", nargs="*", help="train.py overrides (data=..., data.path=..., train.seq_length=...)")
     chk.set_defaults(func=_data_check)
     hfx = sub.add_parser("export", help="a run's checkpoint as a Hugging Face checkpoint (from_pretrained loads it)",
-                         description="Convert a run's saved checkpoint (torch_dist) into a Hugging Face checkpoint "
-                         "with Megatron Bridge's exporter (weights on CPU; Transformer Engine needs a CUDA device): "
-                         "config, safetensors and processor in OUT.")
+                         description="Convert a run's saved checkpoint (torch_dist or fsdp_dtensor) into a Hugging "
+                         "Face checkpoint with Megatron Bridge's exporter, on a GPU node: config, safetensors and "
+                         "processor in OUT, moved there once complete.")
     hfx.add_argument("run_dir", type=Path, help="the run dir (holds run_config.yaml)")
     hfx.add_argument("--iteration", type=int, help="a saved iteration (default: the latest checkpointed)")
     hfx.add_argument("--out", required=True, type=Path, help="an empty or new folder")
+    hfx.add_argument("--hf-path", help="where the run's model.hf_path checkpoint is now, if it moved")
     hfx.set_defaults(func=_export)
     from vlmtrain.lab import overhead_ab, sweep  # argparse definitions only: no torch, no Bridge
     from vlmtrain.lab.tune import command  # argparse definitions only: no torch, no Bridge

@@ -41,6 +41,18 @@ def exit_failed(status: int) -> None:
     sys.exit(status)
 
 
+def refused(findings: list[preflight.Finding]) -> bool:
+    """Print preflight's findings as the dry-run plan lists them; True when an error refuses the run (its status
+    2 then goes through exit_failed: a clean message, no traceback, and in a -m sweep that job's failure)."""
+    for finding in findings:
+        print(f"[vlmtrain] {finding}", file=sys.stderr)
+    if not preflight.errors(findings):
+        return False
+    print("[vlmtrain] preflight refused the run before any GPU work; dry_run=true prints its whole plan.",
+          file=sys.stderr)
+    return True
+
+
 def main(cfg: DictConfig) -> int:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
@@ -52,13 +64,17 @@ def main(cfg: DictConfig) -> int:
         run.wandb.group = wandb_run.sweep_group(hc.sweep.dir)
     gpus = world.local_gpus()
     tasks = int(slurm.slurm_rank_env()["LOCAL_WORLD_SIZE"]) if slurm.under_slurm() else None
-    _, res = placed(run, gpus, slurm_tasks_per_node=tasks)  # later stages read layout and settled defaults here
+    try:
+        _, res = placed(run, gpus, slurm_tasks_per_node=tasks)  # later stages read layout and settled defaults here
+    except world.NoGpuError as e:
+        print(f"[vlmtrain] {e}", file=sys.stderr)
+        return 2
     if world.is_dry_run(run, gpus):
         if run.dry_run is None:
             print("[vlmtrain] no GPU on this machine: printing the dry-run plan (dry_run=false forces training).")
         return slurm.in_process(run, res, None) if slurm.under_slurm() else plan.dry_run(run, res)
-    for finding in preflight.enforce(run, res):
-        print(f"[vlmtrain] {finding}", file=sys.stderr)
+    if refused(preflight.check(run, res)):
+        return 2
     if slurm.under_slurm():
         return slurm.in_process(run, res, worker.train)
     try:

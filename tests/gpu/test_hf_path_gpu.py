@@ -36,3 +36,14 @@ def test_hf_weights_load_before_step_1(family, layout, tmp_path):
     assert run.wait() == 0, run.log.read_text()[-6000:]
     checks = json.loads((run_dir / "checks.json").read_text())
     assert checks["hf_embedding_max_diff"] == 0.0
+
+
+@pytest.mark.parametrize("family", OPTION)
+def test_an_fp32_checkpoint_trains_in_bf16(family, tmp_path):
+    """A float32 checkpoint loads into the BF16 model rounded: the step-0 check compares at the model's dtype."""
+    ckpt = tiny_hf.build(family, tmp_path / "ckpt", dtype="float32")
+    run_dir = tmp_path / "run"
+    run = runner.start([f"model={OPTION[family]}", f"model.hf_path={ckpt}", *cases.steps(2), "parallelism=3d"],
+                       run_dir, gpus=[0], fresh=True)
+    assert run.wait() == 0, run.log.read_text()[-6000:]
+    assert json.loads((run_dir / "checks.json").read_text())["hf_embedding_max_diff"] == 0.0

@@ -1,25 +1,32 @@
 """`vlmtrain export`: the checkpoint it picks and every error it names before building a model, on run dirs and
 checkpoint dirs laid out as a run writes them (run_config.yaml from the composed config; iter_XXXXXXX dirs with
-train_state.pt and the format's metadata file; latest_checkpointed_iteration.txt)."""
+train_state.pt and the format's metadata file; latest_checkpointed_iteration.txt); a failed export leaves --out as
+it was; the fsdp_dtensor ranks' container, built without the run's data (real Bridge, on CPU)."""
 
 from __future__ import annotations
 
+import dataclasses
+import shutil
 from pathlib import Path
 
 import pytest
 
+from vlmtrain.build import container
 from vlmtrain.cli import main as cli_main
 from vlmtrain.config.compose import compose
 from vlmtrain.config.resolve import resolve
+from vlmtrain.data.export import export as export_data
+from vlmtrain.lab.checks import tiny_hf
 from vlmtrain.launch.local import save_run_config
 from vlmtrain.train import hf_export
 from vlmtrain.train.hf_export import ExportError, locate
 
 
-def run_dir(tmp: Path, save_interval: int | None = 2) -> tuple[Path, Path]:
-    """A run dir whose run_config.yaml is the composed config, and its (still empty) checkpoint dir."""
+def run_dir(tmp: Path, save_interval: int | None = 2, *more: str) -> tuple[Path, Path]:
+    """A run dir whose run_config.yaml is the composed config (`more`: its overrides), and its (still empty)
+    checkpoint dir."""
     ckpt = tmp / "ckpt"
-    overrides = [f"train.checkpoint_dir={ckpt}"]
+    overrides = [f"train.checkpoint_dir={ckpt}", *more]
     if save_interval:
         overrides.append(f"train.save_interval={save_interval}")
     run = compose(overrides)
@@ -111,3 +118,89 @@ def test_fsdp_dtensor_needs_the_runs_world_on_this_node(tmp_path: Path, capsys: 
     err = capsys.readouterr().err
     assert "exported on the run's own world (1 node(s) x 8 GPUs) on one node, and this node has 0 GPU(s)" in err
     assert not (tmp_path / "out").exists()
+
+
+def siblings(out: Path) -> list[str]:
+    """What an export left beside `out` (its staged dirs are `.<name>.export-*`)."""
+    return sorted(p.name for p in out.parent.iterdir() if p.name.startswith(f".{out.name}."))
+
+
+def test_a_failed_export_leaves_the_output_dir_as_it_was(bridge, tmp_path: Path) -> None:
+    """The export writes the processor, then Bridge fails on the checkpoint (here: a torch_dist dir cut to its
+    metadata.json): the user's empty --out is left empty and nothing else is left behind, so the retry is not
+    refused as "not empty"."""
+    run, ckpt = run_dir(tmp_path)
+    checkpoint(ckpt, 2)
+    out = tmp_path / "out"
+    out.mkdir()
+    src = locate(run, None, out)
+    with pytest.raises(Exception):  # noqa: B017  (Bridge's loader raises what it raises)
+        hf_export.export(src, out)
+    assert out.is_dir() and list(out.iterdir()) == []
+    assert siblings(out) == []
+    assert locate(run, None, out).iteration == 2  # the retry
+
+
+def test_a_complete_export_is_moved_into_place(tmp_path: Path) -> None:
+    out = tmp_path / "new" / "out"
+    with hf_export.staged(out) as into:
+        (into / "config.json").write_text("{}")
+        assert not out.exists()  # nothing half-written where the user looks
+    assert (out / "config.json").read_text() == "{}"
+    assert siblings(out) == []
+
+
+def test_torch_dist_needs_a_gpu_and_says_so_first(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Transformer Engine's layers need a CUDA device: on this GPU-less node the export is refused before anything
+    loads or is written."""
+    run, ckpt = run_dir(tmp_path)
+    d = checkpoint(ckpt, 2)
+    assert cli_main(["export", str(run), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"vlmtrain export: {d} is a torch_dist checkpoint" in err and "this node has no GPU" in err
+    assert "run `vlmtrain export` on a GPU node" in err
+    assert not (tmp_path / "out").exists() and siblings(tmp_path / "out") == []
+
+
+def test_a_moved_hf_path_is_named_with_the_fix(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The run started from a HF checkpoint that has moved since: named up front (not transformers' "network
+    issues" from its hub fallback), and `--hf-path` takes where it is now, checked against the run's model."""
+    first = tiny_hf.build("qwen3_vl", tmp_path / "hf", num_layers=2)
+    run, ckpt = run_dir(tmp_path, 2, f"model.hf_path={first}", "model.num_layers=2")
+    checkpoint(ckpt, 2)
+    moved = first.rename(tmp_path / "hf-moved")
+    out = tmp_path / "out"
+    assert cli_main(["export", str(run), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"model.hf_path={first} has no config.json (found: no such directory)" in err
+    assert f"put the checkpoint the run started from back at {first}, or pass --hf-path <the dir it moved to>" in err
+    assert not out.exists()
+    assert locate(run, None, out, str(moved)).run.model.hf_path == str(moved)
+    other = tiny_hf.build("qwen3_vl", tmp_path / "hf-other", num_layers=4)
+    with pytest.raises(ExportError, match="model.num_layers=2 but config.json text_config.num_hidden_layers=4"):
+        locate(run, None, out, str(other))
+
+
+def test_the_fsdp_export_ranks_build_the_runs_model_without_its_data(bridge, cache: Path, tmp_path: Path) -> None:
+    """The fsdp_dtensor export's ranks stop before any dataset is built, but building the run's container scans
+    its data: they build the run with Bridge's mock data instead, so an export still works once the training data
+    is gone, and their model is the run's (its packed row length included)."""
+    data = export_data("jsonl", tmp_path / "data", cache=cache)
+    run, ckpt = run_dir(tmp_path, 2, *data["overrides"], "parallelism=fsdp", "data.packing=8192",
+                        "train.micro_batch_size=1", f"data.cache_dir={tmp_path / 'cache'}")
+    checkpoint(ckpt, 2, marker=".metadata")
+    src = locate(run, None, tmp_path / "out")
+    trained = container.build(src.run, resolve(src.run)).model
+    shutil.rmtree(tmp_path / "data")
+    with pytest.raises(FileNotFoundError):  # what the run's own container needs now
+        container.build(src.run, resolve(src.run))
+    ranks = hf_export.export_run(src)
+    built = container.build(ranks, resolve(ranks)).model
+    assert type(built) is type(trained) and built.seq_length == trained.seq_length == 8192
+
+    def fields(provider: object) -> dict[str, object]:
+        return {f.name: getattr(provider, f.name) for f in dataclasses.fields(provider)
+                if isinstance(getattr(provider, f.name), (int, float, str, bool, type(None), tuple, list))}
+
+    assert fields(built) == fields(trained)
+    assert ranks.output_dir == str(run / "export-iter_0000002") and ranks.train.checkpoint_dir == str(ckpt)

@@ -60,6 +60,18 @@ def test_a_mismatch_names_both_values(compose, checkpoint):
     assert "model.family=" in msg and family in msg
 
 
+def test_an_expert_count_mismatch_is_refused(compose, checkpoint):
+    """transformers 5 saves Qwen3-VL-MoE's expert count as text_config.num_local_experts, Qwen3.5's as
+    num_experts: either spelling is compared (Bridge would build the checkpoint's 8 experts, not the group's 16)."""
+    import json
+
+    family, path = checkpoint
+    key = {"qwen3_vl": "num_local_experts", "qwen35_vl": "num_experts"}[family]
+    assert json.loads((path / "config.json").read_text())["text_config"][key] == 8
+    (msg,) = messages(compose(f"model={OPTION[family]}", f"model.hf_path={path}", "model.num_experts=16"))
+    assert f"model.num_experts=16 but config.json text_config.{key}=8" in msg
+
+
 def test_not_a_checkpoint_is_refused(compose, tmp_path):
     (msg,) = messages(compose(f"model.hf_path={tmp_path}"))
     assert f"model.hf_path={tmp_path} has no config.json" in msg
@@ -85,3 +97,35 @@ def test_train_py_dry_run_with_hf_path(checkpoint, tmp_path):
     assert "'HF_HUB_OFFLINE': '1'" in out.stdout and "preflight:" in out.stdout
     assert "[error]" not in out.stdout and "[warning]" not in out.stdout  # info lines: what the auto defaults left off
     assert f"pretrained_checkpoint: {path}" in (tmp_path / "bridge_config.yaml").read_text()
+
+
+def test_the_step0_embedding_check_compares_at_the_models_dtype(tmp_path):
+    """A float32 checkpoint loads into a bf16 model rounded: the check (train.after_build, before step 1) compares
+    against the checkpoint's value cast to the model's dtype, so that load passes and a weight that did not load
+    still fails it."""
+    import torch
+    from megatron.core import parallel_state
+
+    from vlmtrain.train import hf_loaded
+
+    path = tiny_hf.build("qwen3_vl", tmp_path / "fp32", num_layers=1, dtype="float32")
+    theirs = hf_loaded.hf_tensor(str(path), hf_loaded.HF_EMBEDDING)
+    assert theirs.dtype == torch.float32
+    padded = torch.cat([theirs, torch.zeros(2, theirs.shape[1])]).to(torch.bfloat16)  # + Megatron's vocab padding
+
+    def built(weight: torch.Tensor) -> list[torch.nn.Module]:
+        model = torch.nn.Module()
+        model.language_model = torch.nn.Module()
+        model.language_model.embedding = torch.nn.Module()
+        model.language_model.embedding.word_embeddings = torch.nn.Embedding(*weight.shape, dtype=weight.dtype)
+        model.language_model.embedding.word_embeddings.weight = torch.nn.Parameter(weight)
+        return [model]
+
+    not_loaded = padded.clone()
+    not_loaded[3, 5] += 0.5
+    parallel_state.set_tensor_model_parallel_rank(0)  # one TP rank: the whole vocab
+    try:
+        assert hf_loaded.embedding_max_diff(str(path), built(padded)) == 0.0
+        assert hf_loaded.embedding_max_diff(str(path), built(not_loaded)) > 0.4  # 0.5 at bf16
+    finally:
+        parallel_state.set_tensor_model_parallel_rank(None)

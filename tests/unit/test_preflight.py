@@ -32,6 +32,7 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
                                     [*B30, "kernels.vit_attention_head_dim=128"]),
     "wgrad_fusion_under_fsdp": (["parallelism=fsdp", "kernels.wgrad_fusion=true"],
                                 ["parallelism=3d", "kernels.wgrad_fusion=true"]),
+    "te_cross_entropy_fusion": (["kernels=fast"], ["kernels=default"]),  # info: Megatron's warning explained
     "expert_wgrad_grouped_unfused_only": (
         ["parallelism=3d", "kernels.wgrad_fusion=true", "kernels.expert_wgrad=grouped"],
         ["parallelism=3d", "kernels.expert_wgrad=grouped"]),

@@ -19,12 +19,15 @@ each group goes through its own launcher instance (one Slurm array per group, gr
 
 A job that fails while running does not stop the others; the sweep raises at the end, listing every failure
 (after running the on_multirun_end callbacks, which Hydra would skip, so the sweep report still covers it).
+When preflight leaves nothing to launch (every job invalid, or preflight.fail_sweep=true and one is), the sweep ends
+with status 2 and one message, as train.py refuses a single run, after those callbacks too.
 """
 # No `from __future__ import annotations`: Hydra's plugin scanner executes this module before it is in
 # sys.modules, and dataclasses then cannot resolve string annotations.
 
 import copy
 import json
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,10 +60,6 @@ class VlmtrainSweeperConf(BasicSweeperConf):
 
 
 ConfigStore.instance().store(group="hydra/sweeper", name="vlmtrain", node=VlmtrainSweeperConf, provider="vlmtrain")
-
-
-class SweepPreflightError(HydraException):
-    """Raised before anything launches: preflight.fail_sweep=true with an invalid job, or no valid job."""
 
 
 class SweepJobsFailed(HydraException):
@@ -176,12 +175,11 @@ class VlmtrainSweeper(BasicSweeper):
         write_preflight(sweep_dir / PREFLIGHT_FILE, jobs, launched=not abort, preflight_only=self.preflight_only)
         print(summary_table(jobs, sweep_dir / PREFLIGHT_FILE), flush=True)
         if abort:
-            self.end_with(SweepPreflightError(
-                f"preflight.fail_sweep=true and {len(invalid)} job(s) failed preflight; nothing was launched:\n"
-                + "\n".join(f"  {j.label}: {'; '.join(j.findings[:1])}" for j in invalid)))
+            self.refuse(f"preflight.fail_sweep=true and {len(invalid)} job(s) failed preflight; nothing was launched:\n"
+                        + "\n".join(f"  {j.label}: {'; '.join(j.findings[:1])}" for j in invalid))
         if not any(j.valid for j in jobs):
-            self.end_with(SweepPreflightError(f"preflight rejected all {len(jobs)} job(s); nothing was launched "
-                                              f"(see {sweep_dir / PREFLIGHT_FILE})."))
+            self.refuse(f"preflight rejected all {len(jobs)} job(s); nothing was launched (see "
+                        f"{sweep_dir / PREFLIGHT_FILE}).")
         if self.preflight_only:
             return []
         if len(groups) > 1:
@@ -209,10 +207,20 @@ class VlmtrainSweeper(BasicSweeper):
     def end_with(self, error: HydraException) -> NoReturn:
         """Hydra skips on_multirun_end when the sweep raises: run it first, so callbacks (the sweep report) still
         see a sweep with skipped or failed jobs, then raise for the non-zero exit status."""
+        self.multirun_end()
+        raise error
+
+    def refuse(self, message: str) -> NoReturn:
+        """Preflight launched nothing: the sweep report, then the message and status 2, as train.py refuses one run
+        (a raised error would reach the user as Hydra's traceback and status 1)."""
+        self.multirun_end()
+        print(f"[vlmtrain] {message}", file=sys.stderr, flush=True)
+        sys.exit(2)
+
+    def multirun_end(self) -> None:
         assert self.hydra_context is not None and self.config is not None
         self.hydra_context.callbacks.on_multirun_end(config=self.config,
                                                      config_name=self.config.hydra.job.config_name)
-        raise error
 
     def launcher_for(self, params: dict[str, Any]) -> Launcher:
         """The configured launcher, or a new instance with another job's resolved parameters."""

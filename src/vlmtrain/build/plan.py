@@ -9,6 +9,7 @@ import logging
 import sys
 import textwrap
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -65,8 +66,33 @@ def memory_section(run: RunConfig, res: Resolved) -> list[str]:
     return memory.render(run, res)
 
 
+EXPLAINED = {
+    "Transformer Engine cross entropy loss fusion has known stability issues":
+        "kernels.cross_entropy=te: preflight's te_cross_entropy_fusion finding says what the warning is about and "
+        "what was measured",
+    "overlap_param_gather settings were not in sync":
+        "the parallelism group sets ddp.overlap_param_gather=true; Bridge sets the optimizer's copy of the flag to "
+        "match, as training does",
+}
+"""The start of a warning Megatron or Bridge raises while finalizing some configurations -> why the run goes ahead."""
+
+
+def library_warnings(caught: list[warnings.WarningMessage]) -> list[str]:
+    """Each distinct warning raised while Bridge finalized the container (where Megatron and Bridge validate it),
+    where it was raised and, for those vlmtrain knows, why the run goes ahead: the plan hides import-time noise,
+    never these."""
+    out: list[str] = []
+    for w in caught:
+        text = " ".join(str(w.message).split())
+        why = next((v for k, v in EXPLAINED.items() if text.startswith(k)), None)
+        line = f"  {w.filename.split('site-packages/')[-1]}:{w.lineno}: {text}" + (f" (vlmtrain: {why})" if why else "")
+        if line not in out:
+            out.append(line)
+    return out
+
+
 def render(run: RunConfig, res: Resolved, cfg: ConfigContainer | None, findings: list[preflight.Finding],
-           validation: str) -> str:
+           validation: str, warned: Sequence[str] = ()) -> str:
     lay, t = res.layout, run.train
     lines = [
         f"vlmtrain plan: {run.name}   (declared target: hardware={run.hardware.name}, {lay.world_size} GPUs)",
@@ -105,13 +131,18 @@ def render(run: RunConfig, res: Resolved, cfg: ConfigContainer | None, findings:
     lines += memory_section(run, res)
     lines.append("preflight:" + ("" if findings else " no findings"))
     lines += [f"  {f}" for f in findings]
+    if warned:
+        lines.append("library warnings while Bridge finalized the container:")
+        lines += [textwrap.fill(w, width=118, subsequent_indent=" " * 4, break_long_words=False,
+                                break_on_hyphens=False) for w in warned]
     lines.append(f"Bridge validation: {validation}")
     return "\n".join(lines)
 
 
 def quiet_library_logs() -> None:
     """A plan is read by a person: keep Megatron/TE/transformers' INFO lines and import-time warnings out of it
-    (only in the planning process; training ranks keep their logs)."""
+    (only in the planning process; training ranks keep their logs). What Megatron and Bridge warn while finalizing
+    the container is in the plan (`library_warnings`)."""
     for name in ("megatron", "transformer_engine", "TransformerEngine", "transformers", "datasets"):
         logging.getLogger(name).setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", category=UserWarning)
@@ -136,17 +167,21 @@ def dry_run(run: RunConfig, res: Resolved) -> int:
     except BadSample as e:  # the data scan (vlmtrain.data.prepare) refused a sample
         print(render(run, res, None, findings, f"not attempted (bad data)\n{e}"))
         return 2
-    try:
-        target.finalize(run, res, cfg)
-    except Exception as e:  # Bridge raises ValueError/AssertionError/RuntimeError from many places
-        groups_hint = " ".join(f"{k}={v}" for k, v in run.choices.items())
-        print(render(run, res, cfg, findings, f"FAILED for {groups_hint}: {type(e).__name__}: {e}"))
-        return 3
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # quiet_library_logs' filters are for import-time noise
+        try:
+            target.finalize(run, res, cfg)
+        except Exception as e:  # Bridge raises ValueError/AssertionError/RuntimeError from many places
+            groups_hint = " ".join(f"{k}={v}" for k, v in run.choices.items())
+            print(render(run, res, cfg, findings, f"FAILED for {groups_hint}: {type(e).__name__}: {e}",
+                         library_warnings(caught)))
+            return 3
     out = Path(run.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     redact.write_bridge_yaml(cfg, out / "bridge_config.yaml")
     save_run_json(res, out)
-    print(render(run, res, cfg, findings, f"OK (runtime_config_update); resolved config: {out / 'bridge_config.yaml'}"))
+    print(render(run, res, cfg, findings, f"OK (runtime_config_update); resolved config: {out / 'bridge_config.yaml'}",
+                 library_warnings(caught)))
     print("To train: run the same command on a GPU node (or with dry_run=false); add hydra/launcher=slurm for Slurm.")
     sys.stdout.flush()
     return 0

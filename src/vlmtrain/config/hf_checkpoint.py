@@ -20,21 +20,23 @@ WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.b
 PROCESSOR_FILES = ("tokenizer_config.json",)
 """A dir with these and a processor/preprocessor config supplies the tokenizer and processor itself."""
 FIELDS = {
-    "num_layers": "text_config.num_hidden_layers",
-    "hidden_size": "text_config.hidden_size",
-    "num_attention_heads": "text_config.num_attention_heads",
-    "num_query_groups": "text_config.num_key_value_heads",
-    "head_dim": "text_config.head_dim",
-    "num_experts": "text_config.num_experts",
-    "moe_topk": "text_config.num_experts_per_tok",
-    "moe_ffn_hidden_size": "text_config.moe_intermediate_size",
-    "vocab_size": "text_config.vocab_size",
-    "vit.depth": "vision_config.depth",
-    "vit.hidden_size": "vision_config.hidden_size",
-    "vit.num_heads": "vision_config.num_heads",
-    "vit.intermediate_size": "vision_config.intermediate_size",
+    "num_layers": ("text_config.num_hidden_layers",),
+    "hidden_size": ("text_config.hidden_size",),
+    "num_attention_heads": ("text_config.num_attention_heads",),
+    "num_query_groups": ("text_config.num_key_value_heads",),
+    "head_dim": ("text_config.head_dim",),
+    "num_experts": ("text_config.num_experts", "text_config.num_local_experts"),
+    "moe_topk": ("text_config.num_experts_per_tok",),
+    "moe_ffn_hidden_size": ("text_config.moe_intermediate_size",),
+    "vocab_size": ("text_config.vocab_size",),
+    "vit.depth": ("vision_config.depth",),
+    "vit.hidden_size": ("vision_config.hidden_size",),
+    "vit.num_heads": ("vision_config.num_heads",),
+    "vit.intermediate_size": ("vision_config.intermediate_size",),
 }
-"""model group field -> config.json key (dotted) it must equal."""
+"""model group field -> the config.json keys (dotted) that may hold it; the first present must equal it.
+transformers 5 writes Qwen3-VL-MoE's expert count as num_local_experts (its text config's attribute_map), earlier
+versions and Qwen3.5 as num_experts."""
 
 
 class CheckpointError(ValueError):
@@ -73,12 +75,12 @@ def mismatches(m: ModelConfig, cfg: dict[str, Any]) -> list[str]:
     """`model.X=<group value> but config.json KEY=<dir value>` for every field that differs."""
     out = [f"model.family={m.family} but config.json architectures={cfg['architectures']} is {family(cfg)}"
            ] if str(m.family) != family(cfg) else []
-    for field, key in FIELDS.items():
+    for field, keys in FIELDS.items():
         mine = m
         for part in field.split("."):
             mine = getattr(mine, part)
-        theirs = value(cfg, key)
-        if theirs is not None and mine != theirs:
+        key = next((k for k in keys if value(cfg, k) is not None), None)
+        if key is not None and mine != (theirs := value(cfg, key)):
             out.append(f"model.{field}={mine} but config.json {key}={theirs}")
     return out
 

@@ -119,7 +119,8 @@ def after_model_build(run: RunConfig, res: Resolved, context: Any) -> dict[str, 
         report["hf_embedding_max_diff"] = diff = hf_loaded.embedding_max_diff(run.model.hf_path, context.model)
         if diff is not None and diff != 0.0:
             raise SettingNotApplied(f"model.hf_path={run.model.hf_path}: the built word embedding differs from the "
-                                    f"checkpoint's by up to {diff} (its weights did not load).")
+                                    f"checkpoint's (cast to the model's dtype) by up to {diff}: its weights did not "
+                                    "load.")
     if run.vision.freeze_vision_model and params["vision"]["trainable"]:
         raise SettingNotApplied("vision=frozen but ViT parameters require grad.")
     if not run.vision.freeze_vision_model and params["vision"]["frozen"] and params["vision"]["trainable"] == 0:

@@ -1,10 +1,12 @@
 """`vlmtrain export <run dir> [--iteration N] --out <dir>`: a Hugging Face checkpoint from a run's own checkpoints.
 
-Everything that can be wrong is checked before any heavy import (`locate`): the run dir holds the composed config
-(run_config.yaml), its checkpoint dir (train.checkpoint_dir) holds finished iter_XXXXXXX dirs, the asked iteration
-is one of them (default: the one latest_checkpointed_iteration.txt names), the output dir is empty, and an
-fsdp_dtensor export has the run's GPUs on this node. The format is read from the iteration's files, as Bridge's
-loader detects it: metadata.json is torch_dist, .metadata is fsdp_dtensor (PyTorch DCP).
+Everything that can be wrong is checked before any heavy import (`locate`, `check_node`): the run dir holds the
+composed config (run_config.yaml), its checkpoint dir (train.checkpoint_dir) holds finished iter_XXXXXXX dirs, the
+asked iteration is one of them (default: the one latest_checkpointed_iteration.txt names), the output dir is empty,
+the run's `model.hf_path` (or `--hf-path`, where it moved) is still a checkpoint of its model, and this node has the
+GPUs the format needs. The format is read from the iteration's files, as Bridge's loader detects it: metadata.json
+is torch_dist, .metadata is fsdp_dtensor (PyTorch DCP). The export writes into a new sibling of the output dir and
+moves it into place once complete (`staged`): a failed export leaves the output dir as it was, so the retry runs.
 
 The conversion is Megatron Bridge's own, with the same parameter mapping that imports HF weights.
 - torch_dist: `AutoBridge.export_ckpt` builds the model from the checkpoint's saved provider with CPU-initialized
@@ -12,15 +14,20 @@ The conversion is Megatron Bridge's own, with the same parameter mapping that im
   machine), loads its weights, and `save_hf_pretrained` writes config.json and the safetensors.
 - fsdp_dtensor (Megatron-FSDP's PyTorch DCP shards, which export_ckpt cannot read): the run's own ranks, on its
   world on one node, load the iteration as a resume does and call save_hf_pretrained, which gathers each sharded
-  weight (`export_sharded`).
+  weight (`export_sharded`); they build the run with Bridge's mock data in place of its training data, which the
+  export never reads and which may be gone by now (`export_run`).
 The HF config and processor come from the run: its `model.hf_path` dir when set, else the model group's
 `hf_config` and vlmtrain's offline processor.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import shutil
 import sys
+import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,7 +46,8 @@ FORMATS = {"metadata.json": "torch_dist", ".metadata": "fsdp_dtensor"}
 
 
 class ExportError(ValueError):
-    """A wrong run dir, a missing iteration or a non-empty output dir: named before any model is built."""
+    """A wrong run dir, a missing iteration, a non-empty output dir, a moved HF checkpoint or too few GPUs: named
+    before any model is built."""
 
 
 @dataclass(frozen=True)
@@ -51,6 +59,8 @@ class Source:
     ckpt_format: str
     ranks: int
     """The GPUs an fsdp_dtensor export launches (the run's world); 0 for torch_dist, converted in this process."""
+    gpus_per_node: int
+    """The run's GPUs per node (an fsdp_dtensor export needs them all on this node)."""
 
 
 def iter_dirs(ckpt: Path) -> dict[int, Path]:
@@ -87,8 +97,9 @@ def saved_run(run_dir: Path) -> tuple[RunConfig, Path]:
     return run, ckpt
 
 
-def locate(run_dir: Path, iteration: int | None, out: Path) -> Source:
-    """The checkpoint to export, or an ExportError naming what is wrong."""
+def locate(run_dir: Path, iteration: int | None, out: Path, hf_path: str | None = None) -> Source:
+    """The checkpoint to export, or an ExportError naming what is wrong. `hf_path`: where the run's `model.hf_path`
+    checkpoint is now, when it moved (`--hf-path`)."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ExportError(f"{run_dir} is not a run dir: no such directory")
@@ -103,9 +114,65 @@ def locate(run_dir: Path, iteration: int | None, out: Path) -> Source:
         raise ExportError(f"iteration {iteration} was not saved in {ckpt}; saved: {', '.join(map(str, saved))}")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ExportError(f"{out} is not empty: give an empty or new output dir")
+    hf_checkpoint_of(run, hf_path)
     d = iter_dirs(ckpt)[iteration]
     fmt = checkpoint_format(d)
-    return Source(run_dir, run, iteration, d, fmt, ranks_for(run) if fmt == "fsdp_dtensor" else 0)
+    from vlmtrain.config import world
+
+    gpn = world.gpus_per_node(run)
+    return Source(run_dir, run, iteration, d, fmt, run.nodes * gpn if fmt == "fsdp_dtensor" else 0, gpn)
+
+
+def hf_checkpoint_of(run: RunConfig, hf_path: str | None) -> None:
+    """The run's HF checkpoint (model.hf_path, or `hf_path` where it moved: set on the run), checked to be a
+    checkpoint of the run's model: the export reads its config and processor, and the run's weights map onto it."""
+    from vlmtrain.config import hf_checkpoint
+
+    path = hf_path or run.model.hf_path
+    if not path:
+        return
+    fix = ("pass --hf-path <the dir of the checkpoint the run started from>" if hf_path else
+           f"put the checkpoint the run started from back at {path}, or pass --hf-path <the dir it moved to>")
+    try:
+        diff = hf_checkpoint.mismatches(run.model, hf_checkpoint.read(path))
+    except hf_checkpoint.CheckpointError as e:
+        raise ExportError(f"the export reads the run's HF config and processor from its checkpoint, and {e} Fix: "
+                          f"{fix}.") from e
+    if diff:
+        raise ExportError(f"{path} is not a checkpoint of the run's model: {'; '.join(diff)}. Fix: {fix}.")
+    run.model.hf_path = str(path)
+
+
+def check_node(src: Source, gpus: int) -> None:
+    """This node (`gpus`: the GPUs nvidia-smi lists) can run the export, before anything loads: torch_dist builds
+    Transformer Engine's layers, which need a CUDA device; fsdp_dtensor launches the run's own world on one node."""
+    run = src.run
+    if src.ckpt_format == "torch_dist" and gpus == 0:
+        raise ExportError(f"{src.iter_dir} is a torch_dist checkpoint: Bridge converts it on CPU, but Transformer "
+                          "Engine's layers need a CUDA device to be built, and this node has no GPU (nvidia-smi lists "
+                          "none): run `vlmtrain export` on a GPU node")
+    if src.ckpt_format == "fsdp_dtensor" and (run.nodes > 1 or src.ranks > gpus):
+        raise ExportError(f"an fsdp_dtensor checkpoint is exported on the run's own world ({run.nodes} node(s) x "
+                          f"{src.gpus_per_node} GPUs) on one node, and this node has {gpus} GPU(s): run "
+                          "`vlmtrain export` on a node with that many GPUs")
+
+
+@contextlib.contextmanager
+def staged(out: Path) -> Iterator[Path]:
+    """A new sibling dir of `out` to write the export into, moved to `out` (absent or empty: locate checked) once
+    the export is complete and removed when it fails, so a failed export leaves `out` as it was."""
+    out = out.absolute()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.export-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    mode = tmp.stat().st_mode  # the umask's: the processor is moved in from a private temp dir
+    try:
+        yield tmp
+        tmp.chmod(mode)
+        tmp.replace(out)  # replaces an empty `out` dir
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def hf_side(run: RunConfig, out: Path, say=print) -> None:
@@ -135,53 +202,61 @@ def bridge_for(run: RunConfig, out: Path) -> tuple[Any, str | None]:
 
 
 def export(src: Source, out: Path, say=print) -> Path:
-    """Write the HF checkpoint of `src` into `out` (config.json, safetensors, processor files); returns `out`."""
-    run = src.run
+    """Write the HF checkpoint of `src` into `out` (config.json, safetensors, processor files), through a staged
+    sibling dir; returns `out`."""
     say(f"exporting {src.iter_dir} (iteration {src.iteration}, {src.ckpt_format}) to {out}")
-    hf_side(run, out, say)
-    if src.ckpt_format == "fsdp_dtensor":
-        return export_sharded(src, out, say)
-    bridge, source = bridge_for(run, out)
-    from vlmtrain.train import bridge_patches
-
-    bridge_patches.install(run)  # the checkpoint's saved model config builds only as the run's was (wgrad_fusion)
-    say("loading the Megatron checkpoint on CPU and converting to HF weights")
-    bridge.export_ckpt(str(src.iter_dir), str(out), show_progress=True, source_path=source)
+    with staged(out) as into:
+        write(src, into, say)
     say(f"done: {out}")
     return out
 
 
-def ranks_for(run: RunConfig) -> int:
-    """The GPUs an fsdp_dtensor export takes: the run's own world, on this node (its Megatron-FSDP layout loads
-    the DCP shards as the run's resume does)."""
-    from vlmtrain.config import world
+def write(src: Source, into: Path, say=print) -> None:
+    """The export's files, into the staged dir `into`."""
+    run = src.run
+    hf_side(run, into, say)
+    if src.ckpt_format == "fsdp_dtensor":
+        export_sharded(src, into, say)
+        return
+    bridge, source = bridge_for(run, into)
+    from vlmtrain.train import bridge_patches
 
-    want, have = run.nodes * world.gpus_per_node(run), world.local_gpus()
-    if run.nodes > 1 or want > have:
-        raise ExportError(f"an fsdp_dtensor checkpoint is exported on the run's own world ({run.nodes} node(s) x "
-                          f"{world.gpus_per_node(run)} GPUs) on one node, and this node has {have} GPU(s): run "
-                          "`vlmtrain export` on a node with that many GPUs")
-    return want
+    bridge_patches.install(run)  # the checkpoint's saved model config builds only as the run's was (wgrad_fusion)
+    say("loading the Megatron checkpoint on CPU and converting to HF weights")
+    bridge.export_ckpt(str(src.iter_dir), str(into), show_progress=True, source_path=source)
 
 
-def export_sharded(src: Source, out: Path, say=print) -> Path:
+def export_run(src: Source) -> RunConfig:
+    """The run the fsdp_dtensor export ranks build: the run as it trained (model, layout, kernels, precision; the
+    row length its model was built for), its own output dir, the iteration's checkpoint dir, and Bridge's mock data
+    in place of the training data: the ranks stop before any dataset is built (`save_hf`), but the container's
+    build scans the data it names, which may be gone by now."""
+    from vlmtrain.config.groups.data import DataConfig, Kind
+    from vlmtrain.config.resolve import resolve
+
+    run = copy.deepcopy(src.run)
+    run.output_dir = str(src.run_dir / f"export-{src.iter_dir.name}")
+    run.train.checkpoint_dir = str(src.iter_dir.parent)  # absolute: the ranks may start elsewhere
+    run.train.seq_length = resolve(run).seq_length  # model.seq_length: a packed run's capacity
+    run.train.eval_interval = None  # no held-out samples either
+    run.data = DataConfig(kind=Kind.mock, packing=False, cache_dir=run.data.cache_dir)
+    return run
+
+
+def export_sharded(src: Source, into: Path, say=print) -> None:
     """fsdp_dtensor: the run's own ranks rebuild its Megatron-FSDP model, load the iteration as a resume would
     (Bridge's load_fsdp_dtensor_checkpoint, no optimizer state) and write the HF checkpoint through Bridge's
     save_hf_pretrained, which gathers each sharded weight (`rank_main`). Rank logs: <run dir>/export-iter_N."""
     from vlmtrain.config.resolve import resolve
     from vlmtrain.launch import local
 
-    run = copy.deepcopy(src.run)  # the launch's own output and checkpoint dirs
-    run.output_dir = str(src.run_dir / f"export-{src.iter_dir.name}")
-    run.train.checkpoint_dir = str(src.iter_dir.parent)  # absolute: the ranks may start elsewhere
+    run = export_run(src)
     say(f"launching {src.ranks} rank(s) to load the Megatron-FSDP checkpoint and gather its weights "
         f"(log: {run.output_dir}/{EXPORT_LOG})")
-    rc = local.launch(run, resolve(run), module=__name__, log=EXPORT_LOG, args=(str(out), str(src.iteration)))
-    if rc != 0 or not (out / "config.json").is_file():
-        raise ExportError(f"the export ranks ended with status {rc} and no {out}/config.json: see "
+    rc = local.launch(run, resolve(run), module=__name__, log=EXPORT_LOG, args=(str(into), str(src.iteration)))
+    if rc != 0 or not (into / "config.json").is_file():
+        raise ExportError(f"the export ranks ended with status {rc} and wrote no config.json: see "
                           f"{run.output_dir}/{EXPORT_LOG}")
-    say(f"done: {out}")
-    return out
 
 
 def save_hf(run: RunConfig, out: Path, context: Any) -> None:
@@ -224,9 +299,13 @@ def rank_main(config: str, out: str, iteration: str) -> None:
     raise RuntimeError("pretrain() returned without firing on_data_init_start: nothing was exported")
 
 
-def main(run_dir: Path, iteration: int | None, out: Path) -> int:
+def main(run_dir: Path, iteration: int | None, out: Path, hf_path: str | None = None) -> int:
+    from vlmtrain.config import world
+
     try:
-        export(locate(run_dir, iteration, Path(out)), Path(out))
+        src = locate(run_dir, iteration, Path(out), hf_path)
+        check_node(src, world.local_gpus())
+        export(src, Path(out))
     except ExportError as e:
         print(f"vlmtrain export: {e}", file=sys.stderr)
         return 2

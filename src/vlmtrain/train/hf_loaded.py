@@ -37,8 +37,14 @@ def embedding_max_diff(hf_path: str, model_chunks: list[Any]) -> float | None:
         for name, p in _unwrap(chunk).named_parameters():
             if name != EMBEDDING:
                 continue
-            mine = (uneven_dtensor_to_full_tensor(p) if isinstance(p, DTensor) else p).detach().float().cpu()
+            mine = (uneven_dtensor_to_full_tensor(p) if isinstance(p, DTensor) else p).detach().cpu()
             start = parallel_state.get_tensor_model_parallel_rank() * mine.shape[0]
-            theirs = hf_tensor(hf_path, HF_EMBEDDING).float()[start:start + mine.shape[0]]
-            return float((mine[: theirs.shape[0]] - theirs).abs().max())  # rows past HF's vocab are padding
+            return max_diff(mine, hf_tensor(hf_path, HF_EMBEDDING)[start:start + mine.shape[0]])
     return None
+
+
+def max_diff(mine: Any, theirs: Any) -> float:
+    """Largest |mine - theirs| over theirs' rows (mine's rows past HF's vocab are padding), the checkpoint's value
+    cast to the model's dtype first: the load casts it so (an FP32 checkpoint in a BF16 model loads rounded), so a
+    loaded weight is exactly equal after the same cast, and one that did not load is not."""
+    return float((mine[: theirs.shape[0]].float() - theirs.to(mine.dtype).float()).abs().max())

@@ -13,7 +13,9 @@
 `auto` (the default) is `default` until the run is placed, then `settle` turns on every replacement proven for the
 model family and hardware (SM90: `fast`, and for Qwen3-VL experiment=perf_h200_best's vit_attention_head_dim=128,
 vit_host_grid and, under 3d, wgrad_fusion; elsewhere the fields exact on any GPU, ANY_GPU), keeping fields set to
-other values; what it leaves off, preflight's auto_left_off says (vlmtrain.check.defaults).
+other values; what it leaves off, preflight's auto_left_off says (vlmtrain.check.defaults). Megatron Core warns on
+every run with TE's cross entropy; preflight's te_cross_entropy_fusion says why auto keeps it (measured, FP32 in this
+TE).
 `default` is what Bridge does unless told otherwise. `fast` is what the issue-9 kernels sweep measured on 2 x H200
 (results/perf_h200x2.jsonl, one machine run, same step-1 loss): CUTLASS grouped GEMM 1.13x useful tokens/s at
 packed MBS 8 (TE #2045: per-expert GEMMs are small and many in fine-grained MoE); the fused router and TE cross

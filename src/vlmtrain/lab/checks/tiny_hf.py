@@ -1,7 +1,7 @@
 """Small Hugging Face checkpoints of both model families, built locally with transformers' own model classes (random
 init, fixed seed, nothing downloaded): the input `model.hf_path` tests and the export round trip read.
 
-    python -m vlmtrain.lab.checks.tiny_hf qwen3_vl OUT [--num-layers N]
+    python -m vlmtrain.lab.checks.tiny_hf qwen3_vl OUT [--num-layers N] [--dtype float32]
 
 The config is the model group's own HF config of conf/model/tiny.yaml (qwen3_vl) or conf/model/tiny_qwen35.yaml
 (qwen35_vl), so its keys and nesting are the published checkpoints'; the processor is vlmtrain's offline one, so
@@ -37,10 +37,11 @@ def model_config(family: str, num_layers: int) -> ModelConfig:
     return OmegaConf.to_object(merged)
 
 
-def build(family: str, out: Path, num_layers: int = 4) -> Path:
+def build(family: str, out: Path, num_layers: int = 4, dtype: str = "bfloat16") -> Path:
     """Write a random-init checkpoint (1-D weights spread by SPREAD) of `family` (qwen3_vl or qwen35_vl) with
-    `num_layers` decoder layers into `out` (config.json, model.safetensors, tokenizer and processor files); returns
-    `out`."""
+    `num_layers` decoder layers into `out` (config.json, model.safetensors, tokenizer and processor files), its
+    weights in `dtype` (the published ones are bfloat16; float32 is what a checkpoint saved from an FP32 model holds);
+    returns `out`."""
     import torch
     from transformers import AutoModelForImageTextToText
 
@@ -49,9 +50,9 @@ def build(family: str, out: Path, num_layers: int = 4) -> Path:
     out = Path(out)
     build_processor(out)  # first: it moves a finished folder into place
     cfg = hf_config(model_config(family, num_layers), vision_token_ids(out))
-    cfg.dtype = torch.bfloat16
+    cfg.dtype = getattr(torch, dtype)
     torch.manual_seed(SEED)
-    model = AutoModelForImageTextToText.from_config(cfg, dtype=torch.bfloat16)
+    model = AutoModelForImageTextToText.from_config(cfg, dtype=cfg.dtype)
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 1:
@@ -65,8 +66,9 @@ def main() -> None:
     p.add_argument("family", choices=[f.value for f in Family])
     p.add_argument("out", type=Path)
     p.add_argument("--num-layers", type=int, default=4)
+    p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     a = p.parse_args()
-    print(build(a.family, a.out, a.num_layers))
+    print(build(a.family, a.out, a.num_layers, a.dtype))
 
 
 if __name__ == "__main__":
