@@ -58,6 +58,10 @@ PROCESS_OVERHEAD_GIB = 0.25
 """Allocator-visible fixed memory per process (cuBLAS/TE workspaces, RNG tracker states, the batch, loss and
 metric buffers). Calibrated on the H200 runs: the allocation left after a step minus params+grads+optimizer(+FSDP
 buckets) was 0.22-0.23 GiB in the tiny 3D/FSDP/TP2/PP2 runs and 0.27-0.30 GiB in the 30B-shape runs."""
+TIGHT = 0.9
+"""The share of the hardware group's memory_gib above which the estimate leaves too little headroom for what it
+does not model (fragmentation, a longer sample than the worst case it assumes): preflight warns (memory_headroom),
+and the defaults settle no choice above it."""
 CONTEXT_OVERHEAD_GIB = 2.0
 """HBM outside torch's caching allocator plus allocator slack: CUDA context (~0.5 GiB on Hopper), NCCL
 communicator buffers (~0.2 GiB per communicator in use; Megatron uses TP/DP/EP/expert-DP/PP groups) and the gap

@@ -54,4 +54,4 @@ def memory_fits(run: RunConfig, res: Resolved) -> str | None:
 @rule(Severity.warning)
 def memory_headroom(run: RunConfig, res: Resolved) -> str | None:
     b, frac = _memory_verdict(run, res)
-    return memory_message(run, res, b, f"is tight ({frac:.0%})") if 0.9 < frac <= 1.0 else None
+    return memory_message(run, res, b, f"is tight ({frac:.0%})") if memory.TIGHT < frac <= 1.0 else None
