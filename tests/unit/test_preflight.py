@@ -163,6 +163,16 @@ def test_an_epoch_shorter_than_a_step_is_refused_packed_or_not(compose):
     assert "Use train.global_batch_size=1" in packed and "a smaller data.packing" in packed
 
 
+def test_memory_refusal_offers_what_helps_this_layout(compose):
+    """H1 on one H100 with its row named (data.packing=false: the defaults relieve nothing): the refusal offers more
+    GPUs and the precision-aware optimizer, not the micro-batch it already has at 1 or an EP one GPU cannot hold."""
+    msg = rules_of(compose, ["model=qwen3_vl_30b_a3b", "model.num_layers=4", "data=realistic", "hardware=h100",
+                             "gpus_per_node=1", "parallelism=3d", "data.packing=false"])["memory_fits"].message
+    tries = msg.split(". Try ")[1]
+    assert "precision.precision_aware_optimizer=true" in tries and "more GPUs" in tries
+    assert "train.micro_batch_size" not in tries and "parallelism.ep" not in tries
+
+
 def test_graph_messages_give_the_reason(compose):
     """The attention-graph refusal says why (cu_seqlens change with every bin) and what works instead."""
     msg = rules_of(compose, ["cuda_graph=attn_moe_router_preprocess", "data.packing=8192"])["packing_with_graphs"]

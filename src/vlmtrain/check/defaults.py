@@ -91,12 +91,9 @@ def _tight(run: RunConfig) -> str:
 def _optimizer_relief(run: RunConfig, picks: list[Auto]) -> Auto | None:
     """TE's precision-aware Adam where it saves memory (3D; BF16 weights keep remainders) and was left unset."""
     p = run.precision
-    if p.precision_aware_optimizer is not None or is_fsdp(run):
+    if p.precision_aware_optimizer is not None or is_fsdp(run) or not memory.keeps_remainders(run):
         return None
     p.precision_aware_optimizer = True
-    if memory.optimizer_bytes(run) == memory.OPTIMIZER_BYTES:  # FP32 master weights in this recipe: nothing saved
-        p.precision_aware_optimizer = None
-        return None
     return Auto("precision.precision_aware_optimizer", "true", f"{_tight(run)} without it: Adam's FP32 master "
                 "weights kept as the BF16 weights plus 16-bit remainders (exact), 10 instead of 12 bytes per parameter")
 

@@ -31,6 +31,7 @@ from vlmtrain.check.memory.estimate import (
     TIGHT,
     MemoryBreakdown,
     estimate,
+    keeps_remainders,
     model_state_bytes,
     optimizer_bytes,
     render,
@@ -40,6 +41,6 @@ from vlmtrain.check.memory.workload import Workload, default_workload, image_tok
 
 __all__ = [
     "CONTEXT_OVERHEAD_GIB", "GIB", "GRAD_BYTES", "OPTIMIZER_BYTES", "TIGHT", "MemoryBreakdown", "StageParams",
-    "Workload", "default_workload", "estimate", "image_token_bound", "layer_params", "model_param_count",
-    "model_state_bytes", "optimizer_bytes", "param_counts", "render", "stage_params",
+    "Workload", "default_workload", "estimate", "image_token_bound", "keeps_remainders", "layer_params",
+    "model_param_count", "model_state_bytes", "optimizer_bytes", "param_counts", "render", "stage_params",
 ]

@@ -42,12 +42,17 @@ remainder (Megatron's store_param_remainders), where its weights are BF16 (Megat
 scaling); its other recipes keep FP32 master weights."""
 
 
+def keeps_remainders(run: RunConfig) -> bool:
+    """precision.precision_aware_optimizer would keep BF16 weights plus remainders (and so save memory) here."""
+    p = run.precision
+    return p.format == precision.Format.bf16 or (p.format == precision.Format.fp8
+                                                 and p.scaling == precision.Scaling.delayed)
+
+
 def optimizer_bytes(run: RunConfig) -> int:
     """Adam's state per trainable parameter."""
-    p = run.precision
-    remainders = p.format == precision.Format.bf16 or (p.format == precision.Format.fp8
-                                                        and p.scaling == precision.Scaling.delayed)
-    return REMAINDER_OPTIMIZER_BYTES if p.precision_aware_optimizer and remainders else OPTIMIZER_BYTES
+    return REMAINDER_OPTIMIZER_BYTES if run.precision.precision_aware_optimizer and keeps_remainders(run) \
+        else OPTIMIZER_BYTES
 FSDP_STEP_BUFFER_BYTES = BF16
 """Megatron-FSDP holds 2 B per trainable parameter (unsharded on the rank) after backward: measured as the
 allocation left after each step beyond params+grads+optimizer in the three FSDP H200 runs (tiny 1 GPU: 0.16 GiB;
