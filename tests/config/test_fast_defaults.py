@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from vlmtrain.build import container, target
+from vlmtrain.build import container, plan, target
 from vlmtrain.check import defaults, memory, preflight
 from vlmtrain.config import resolve as resolving
 from vlmtrain.config.compose import compose
+from vlmtrain.config.groups.train import eval_global_batch_size
+from vlmtrain.data import prepare
+from vlmtrain.data.export import export
 
 H1 = ["model=qwen3_vl_30b_a3b", "model.num_layers=4", "data=realistic", "hardware=h200", "gpus_per_node=1"]
 """Issue 23's benchmark H1 as a user names it: model, data, hardware and world only."""
@@ -27,35 +30,106 @@ def left_off(run, res) -> dict[str, str]:
 
 
 def test_h1_defaults_are_the_one_h200_preset(bridge, tmp_path):
-    """At H1 the defaults run experiment=perf_h200_best's layout and kernels, packed at the largest row the memory
-    estimate fits: 12288 (141.0 of 141 GiB; the preset's 12032 keeps 1.7 GiB of the estimate's headroom)."""
+    """At H1 the defaults run experiment=perf_h200_best's layout and kernels, packed at the largest row whose memory
+    estimate keeps preflight's headroom (no memory_headroom warning, where 12288 rows left none) and that holds the
+    command's 8 samples per step in one row (GBS settled to rows)."""
     run, res = placed(*H1, tmp=str(tmp_path))
     best = compose(["experiment=perf_h200_best"])
     assert run.parallelism.kind == "3d" and res.layout.ep == 1 and res.layout.world_size == 1
     assert {f: getattr(run.kernels, f) for f in KERNEL_FIELDS} == {f: getattr(best.kernels, f) for f in KERNEL_FIELDS}
     cap = res.packing_capacity
-    assert best.data.packing <= cap <= defaults.PACK_ROWS * run.train.seq_length and cap % defaults.PACK_STEP == 0
-    assert memory.estimate(run, res).total <= run.hardware.memory_gib
-    assert not preflight.errors(preflight.check(run, res)) and left_off(run, res) == {}
-    assert {a.option for a in res.auto} >= {"parallelism", "data.packing", "kernels.wgrad_fusion"}
+    assert run.train.seq_length < cap <= best.data.packing and cap % defaults.PACK_STEP == 0
+    assert memory.estimate(run, res).total <= memory.TIGHT * run.hardware.memory_gib
+    findings = preflight.check(run, res)
+    assert not preflight.errors(findings) and left_off(run, res) == {}
+    assert "memory_headroom" not in {f.rule for f in findings}
+    assert {a.option for a in res.auto} >= {"parallelism", "data.packing", "train.global_batch_size",
+                                            "kernels.wgrad_fusion"}
+    assert not run.precision.precision_aware_optimizer  # nothing relieved where the row alone fits
     cfg = container.build(run, res)
     target.finalize(run, res, cfg)
     assert (cfg.model.seq_length, cfg.dataset.seq_length) == (cap, cap)
+    assert cfg.train.global_batch_size == run.train.global_batch_size == 1
     assert cfg.model.gradient_accumulation_fusion and cfg.model.moe_router_fusion
     assert cfg.model.cross_entropy_fusion_impl == "te" and not cfg.ddp.use_megatron_fsdp
     assert cfg.model.expert_model_parallel_size == 1 and cfg.env_vars["NVTE_USE_CUTLASS_GROUPED_GEMM"] == "1"
 
 
-def test_a_longer_sequence_steps_the_capacity_down_to_fit():
-    run, res = placed(*H1, "train.seq_length=8192")
-    assert res.packing_capacity < defaults.PACK_ROWS * 8192
-    assert memory.estimate(run, res).total <= run.hardware.memory_gib
-    bigger = compose([*H1, f"data.packing={res.packing_capacity + defaults.PACK_STEP}"])
-    assert memory.estimate(bigger, resolving.resolve(bigger)).total > run.hardware.memory_gib
+def test_memory_keeps_the_headroom_preflight_warns_at():
+    """Where memory, not the batch, bounds the row (64 samples per step): the largest capacity within memory.TIGHT
+    of the card, one step larger is past it; a longer sequence steps it down the same way."""
+    for extra in (["train.global_batch_size=64"], ["train.global_batch_size=64", "train.seq_length=8192"]):
+        run, res = placed(*H1, *extra)
+        limit = memory.TIGHT * run.hardware.memory_gib
+        assert memory.estimate(run, res).total <= limit
+        bigger = compose([*H1, *extra, "parallelism=3d", "kernels=fast", "kernels.vit_attention_head_dim=128",
+                          "kernels.wgrad_fusion=true", "kernels.vit_host_grid=true",
+                          f"data.packing={res.packing_capacity + defaults.PACK_STEP}"])
+        assert memory.estimate(bigger, resolving.resolve(bigger)).total > limit
+
+
+def test_one_h100_settles_a_layout_that_fits_with_headroom(tmp_path):
+    """H1 on one H100 (80 GiB): no row fits beside Adam's 12-byte state and the padded ViT heads, so the defaults
+    turn on the precision-aware optimizer (exact) and unpad the heads, each recorded with why, and pack smaller
+    rows; the estimate keeps preflight's headroom and preflight refuses nothing."""
+    run, res = placed(*H1[:-2], "hardware=h100", "gpus_per_node=1", tmp=str(tmp_path))
+    auto = {a.option: a for a in res.auto}
+    assert run.precision.precision_aware_optimizer and auto["precision.precision_aware_optimizer"].value == "true"
+    assert run.kernels.vit_attention_head_dim is None and auto["kernels.vit_attention_head_dim"].value == "off"
+    assert "h100" in auto["precision.precision_aware_optimizer"].why
+    assert res.packing_capacity and memory.estimate(run, res).total <= memory.TIGHT * run.hardware.memory_gib
+    findings = preflight.check(run, res)
+    assert not preflight.errors(findings) and "memory_headroom" not in {f.rule for f in findings}
+    assert "kernels.vit_attention_head_dim" in left_off(run, res)
+    # a preset names its row: nothing is relieved behind its back, preflight judges what it names
+    run, res = placed("experiment=perf_h200_best")
+    assert not run.precision.precision_aware_optimizer and run.kernels.vit_attention_head_dim == 128
+
+
+def test_exported_photos_fill_more_rows_than_a_step(tmp_path):
+    """`vlmtrain data export --format jsonl` of the 16 photos, trained with the overrides it prints: on the declared
+    8 GPUs and on one, an epoch fills more rows than one step takes (no step repeats one packed row), and
+    preflight, counting the same rows, refuses nothing."""
+    manifest = export("jsonl", tmp_path / "photos")
+    for world in ([], ["gpus_per_node=1"]):
+        run, res = placed(*manifest["overrides"], *world, tmp=str(tmp_path / "run"))
+        epoch = prepare.lengths(run).rows(res.packing_capacity, res.pack_align)[0]
+        assert epoch > run.train.global_batch_size, (world, res.packing_capacity, epoch)
+        assert not preflight.errors(preflight.check(run, res))
+
+
+def test_h1_validation_on_the_defaults_fills_an_evaluation_batch(tmp_path):
+    """The settled row packs the held-out 5 % into at least one evaluation batch, as the data stage bins them; a
+    row set by hand that cannot is refused by preflight, counting packed rows, before the data stage."""
+    val = ["data.validation_fraction=0.05", "train.eval_interval=10"]
+    run, res = placed(*H1, *val, tmp=str(tmp_path / "auto"))
+    assert not preflight.errors(preflight.check(run, res))
+    assert prepare.lengths(run).rows(res.packing_capacity, res.pack_align)[1] >= eval_global_batch_size(run)
+    assert prepare.prepare(run, res).validation_bins is not None  # the data stage accepts it
+    run, res = placed(*H1, *val, "data.packing=12288", tmp=str(tmp_path / "hand"))
+    found = {f.rule: f.message for f in preflight.errors(preflight.check(run, res))}
+    assert "holds out 13 samples, which pack into 1 rows of <= 12288 tokens" in found["validation_fills_eval_batch"]
+
+
+@pytest.mark.parametrize("hardware", ["h200", "h100", "b200"])
+def test_the_same_command_trains_about_the_same_samples_per_step_on_every_card(hardware):
+    """train.global_batch_size=8 is 8 samples per step where packing stays off (B200) and about 8 where the
+    defaults pack (H200, H100: the rows that carry as many), where a packed GBS counting rows trained ~13x more;
+    the plan says how many."""
+    run, res = placed(*H1[:-2], f"hardware={hardware}", "gpus_per_node=1")
+    per_step = run.train.global_batch_size * prepare.lengths(run).samples_per_row(res.packing_capacity,
+                                                                                  res.pack_align)
+    assert 0.75 * 8 <= per_step <= 1.25 * 8, (hardware, res.packing_capacity, run.train.global_batch_size)
+    text = plan.batch_text(run, res)
+    assert text.startswith(f"~{per_step:.1f} samples per step" if res.packing_capacity else "8 samples per step")
+    best, res = placed("experiment=perf_h200_best")  # a row set by hand: GBS counts rows, as in Megatron
+    assert "4 packed row(s)" in plan.batch_text(best, res) and "counts rows (data.packing set)" in plan.batch_text(
+        best, res)
 
 
 def test_more_gpus_keep_fsdp_and_say_what_it_leaves_off(bridge, tmp_path):
-    run, res = placed("model=tiny", "data=realistic", "gpus_per_node=8", tmp=str(tmp_path))
+    run, res = placed("model=tiny", "data=realistic", "gpus_per_node=8", "train.global_batch_size=64",
+                      tmp=str(tmp_path))
     assert run.parallelism.kind == "fsdp" and not run.kernels.wgrad_fusion and res.packing_capacity
     assert run.kernels.vit_attention_head_dim is None  # the tiny ViT's 64-channel heads: padding not measured
     assert set(left_off(run, res)) == {"kernels.wgrad_fusion", "kernels.vit_attention_head_dim"}
@@ -87,7 +161,8 @@ def test_blackwell_keeps_only_what_is_exact_on_any_gpu():
 
 @pytest.mark.parametrize(("overrides", "why"), [
     (["data=mock"], "data scan"),
-    (["data=sample"], "smoke set"),  # the default data: 16 photos would fill one row
+    (["gpus_per_node=8"], "1 sample(s) per GPU per step"),  # GBS 8 over DP 8: a packed row would hold more
+    (["data.payload.num_samples=6", "gpus_per_node=1"], "6 training samples are fewer than one step's"),
     (["train.micro_batch_size=2"], "train.micro_batch_size=2"),
     (["precision=fp8"], "BF16"),
     (["data.truncate_long_samples=true"], "cuts"),

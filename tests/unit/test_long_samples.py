@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from vlmtrain.config.resolve import resolve
-from vlmtrain.data import prepare
+from vlmtrain.data import prepare, rows
 from vlmtrain.data.bins import SampleTooLong, refuse_longer
 from vlmtrain.data.export import export
 
@@ -65,7 +65,7 @@ def test_truncation_opt_in_is_counted(compose, long_jsonl, tmp_path: Path) -> No
     prepared = prepare.prepare(run, resolve(run))
     scan = json.loads((tmp_path / "run" / prepare.SCAN_FILE).read_text())
     source = prepared.hf_source
-    lengths, _ = sample_lengths(long_jsonl[1], prepare._length_identity(prepared.report, source), source,
+    lengths, _ = sample_lengths(long_jsonl[1], rows.identity(prepared.report, source), source,
                                 str(prepare.processor_dir(run)))
     assert scan["truncated_samples"] == 1 == prepare.scan_count(run, "truncated_samples")
     assert scan["truncated_tokens"] == lengths[1] - SEQ > 0

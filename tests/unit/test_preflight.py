@@ -125,6 +125,9 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
         ["data=jsonl", f"data.path={__file__}", "data.validation=/nonexistent/val.jsonl", "train.eval_interval=5"],
         ["data=jsonl", f"data.path={__file__}", f"data.validation={__file__}", "train.eval_interval=5"],
     ),
+    # the 16 sample photos fill one packed row of 12288 tokens, fewer than the default GBS of 8 rows
+    "data_fills_global_batch": (["gpus_per_node=1", "data.packing=12288"],
+                                ["gpus_per_node=1", "data.packing=12288", "train.global_batch_size=1"]),
     "validation_fills_eval_batch": (["data.validation_fraction=0.25", "train.eval_interval=5"],
                                     [*HALF, "train.eval_interval=5"]),
     "energon_eval_micro_batch": (
@@ -147,6 +150,28 @@ def rules_of(compose, overrides: list[str], placed: bool = False) -> dict[str, p
 def test_every_rule_has_cases():
     missing = {fn.__name__ for _, fn in preflight.RULES} - set(CASES)
     assert not missing, f"rules without a trip/pass case: {sorted(missing)}"
+
+
+def test_an_epoch_shorter_than_a_step_is_refused_packed_or_not(compose):
+    """The rows the data fills against one global batch: unpacked its samples (file metadata), packed the data
+    stage's bins at the capacity; the message names the largest GBS that fits."""
+    unpacked = rules_of(compose, ["data=realistic", "data.payload.num_samples=4", "data.packing=false",
+                                  "gpus_per_node=1"])["data_fills_global_batch"].message
+    assert "holds 4 training samples, fewer than one global batch of train.global_batch_size=8" in unpacked
+    assert "Use train.global_batch_size=4" in unpacked
+    packed = rules_of(compose, ["gpus_per_node=1", "data.packing=12288"])["data_fills_global_batch"].message
+    assert "16 training samples fill 1 packed rows of <= 12288 tokens" in packed
+    assert "Use train.global_batch_size=1" in packed and "a smaller data.packing" in packed
+
+
+def test_memory_refusal_offers_what_helps_this_layout(compose):
+    """H1 on one H100 with its row named (data.packing=false: the defaults relieve nothing): the refusal offers more
+    GPUs and the precision-aware optimizer, not the micro-batch it already has at 1 or an EP one GPU cannot hold."""
+    msg = rules_of(compose, ["model=qwen3_vl_30b_a3b", "model.num_layers=4", "data=realistic", "hardware=h100",
+                             "gpus_per_node=1", "parallelism=3d", "data.packing=false"])["memory_fits"].message
+    tries = msg.split(". Try ")[1]
+    assert "precision.precision_aware_optimizer=true" in tries and "more GPUs" in tries
+    assert "train.micro_batch_size" not in tries and "parallelism.ep" not in tries
 
 
 def test_graph_messages_give_the_reason(compose):

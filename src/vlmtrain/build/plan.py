@@ -53,6 +53,42 @@ def validation_text(run: RunConfig) -> str:
     return f"  validation: {held}, every {t.eval_interval} steps x {t.eval_iters} batches"
 
 
+def batch_text(run: RunConfig, res: Resolved) -> str:
+    """The samples one step trains: train.global_batch_size of them unpacked; packed, its rows x the samples a row
+    holds on average (the data stage's bins of this run's data), and what train.global_batch_size counted."""
+    from vlmtrain.data import prepare
+
+    gbs, cap = run.train.global_batch_size, res.packing_capacity
+    if not cap:
+        return f"{gbs} samples per step (train.global_batch_size: one sample per row)"
+    lengths = prepare.lengths(run)
+    if lengths is None or lengths.longest > cap:
+        return f"{gbs} packed rows per step (the samples they hold: the data stage's bins)"
+    rows = lengths.rows(cap, res.pack_align)[0]
+    per_row = len(lengths.train) / rows
+    counted = ("train.global_batch_size settled from the command's samples per step to rows (auto)" if
+               any(a.option == "train.global_batch_size" for a in res.auto) else
+               "train.global_batch_size counts rows (data.packing set)")
+    return (f"~{gbs * per_row:.1f} samples per step: {gbs} packed row(s) x ~{per_row:.1f} samples ("
+            f"{len(lengths.train)} samples in {rows} rows of <= {cap} tokens); {counted}")
+
+
+def auto_lines(res: Resolved) -> list[str]:
+    """What the auto defaults settled (check.defaults), then why, one line per reason; preflight says why "off"."""
+    def wrapped(text: str, first: str, rest: int) -> list[str]:
+        return textwrap.wrap(text, width=118, initial_indent=first, subsequent_indent=" " * rest,
+                             break_long_words=False, break_on_hyphens=False)
+
+    lines = wrapped("  ".join(f"{a.option}={a.value}" for a in res.auto), "auto:     ", 10)
+    reasons: dict[str, list[str]] = {}
+    for a in res.auto:
+        if a.value != "off":
+            reasons.setdefault(a.why, []).append(f"{a.option}={a.value}")
+    for why, picks in reasons.items():
+        lines += wrapped(f"{', '.join(picks)}: {why}", "  why:     ", 12)
+    return lines
+
+
 def layout_line(res: Resolved) -> str:
     lay = res.layout
     return (f"{lay.nodes} node(s) x {lay.gpus_per_node} GPUs = {lay.world_size} | TP {lay.tp}  PP {lay.pp}  "
@@ -100,6 +136,7 @@ def render(run: RunConfig, res: Resolved, cfg: ConfigContainer | None, findings:
         f"world:    {layout_line(res)}",
         f"train:    MBS {t.micro_batch_size}  GBS {t.global_batch_size}  seq {t.seq_length}  "
         f"grad-accum {res.grad_accum}  iters {t.iterations}  lr {t.lr}",
+        f"batch:    {batch_text(run, res)}",
         f"data:     {run.data.kind}" + ("  (MOCK: not a performance run)" if run.data.kind == "mock" else "")
         + (f"  packed: 1 row of <= {res.packing_capacity} tokens per micro-batch"
            f"{' (static: padded to it)' if res.packing_static else ''}, GBS counts rows" if res.packing_capacity
@@ -109,10 +146,7 @@ def render(run: RunConfig, res: Resolved, cfg: ConfigContainer | None, findings:
     vit = run.precision.vision if precision.quantized(run) else "bf16"
     lines.append(f"precision: {precision.label(run)} (Bridge {precision.recipe_name(run)}; ViT {vit}, "
                  f"router {run.precision.router_dtype})")
-    if res.auto:  # what the auto defaults settled to for this world (check.defaults); preflight says why "off"
-        lines += textwrap.wrap("  ".join(f"{a.option}={a.value}" for a in res.auto), width=118,
-                               initial_indent="auto:     ", subsequent_indent=" " * 10, break_long_words=False,
-                               break_on_hyphens=False)
+    lines += auto_lines(res)
     if paths := kernels.replacements(run) + precision.replacements(run):
         lines.append("code:     Bridge code the training processes replace (vlmtrain.train.bridge_patches): "
                      + ", ".join(paths))

@@ -2,10 +2,14 @@
 
 A user who names only the model, data, hardware and world gets every replacement proven equal for that model
 and hardware: the layout measured fastest for the world size, the kernels group's (config.groups.kernels.settle)
-and packing at the largest capacity the memory estimate fits (here, in check/, because it needs the estimate and
-the packing proofs). Each value set explicitly wins; each replacement left off is recorded with why
-(`Resolved.auto`), which preflight's `auto_left_off` says and the dry-run plan shows. `placed` is the one path
-train.py, the -m sweeper and the tuner's candidates take.
+and packing (here, in check/, because it needs the memory estimate, the packing proofs and the data's lengths).
+Packing keeps what the command trains: train.global_batch_size counts samples unless data.packing is set, so auto
+packing turns it into the rows that carry about as many (a row holds at most one GPU's share of a step, and the
+data must fill more rows than a step and an evaluation batch take). Every choice keeps the headroom preflight warns
+at (memory.TIGHT); where the row alone cannot, exact memory reliefs follow (TE's precision-aware Adam, the ViT's
+unpadded heads). Each value set explicitly wins; each choice is recorded with why (`Resolved.auto`), which the
+dry-run plan shows and preflight's `auto_left_off` says for what was left off. `placed` is the one path train.py,
+the -m sweeper and the tuner's candidates take.
 """
 
 from __future__ import annotations
@@ -18,13 +22,12 @@ from vlmtrain.check import memory
 from vlmtrain.check.preflight.packing import QWEN35_PACKING_PROVEN, unscanned
 from vlmtrain.config import world
 from vlmtrain.config.groups import kernels, precision
-from vlmtrain.config.groups.data import AUTO
-from vlmtrain.config.groups.data import Kind as DataKind
+from vlmtrain.config.groups.data import AUTO, validating
 from vlmtrain.config.groups.model import Family
 from vlmtrain.config.groups.parallelism import Kind as ParKind
 from vlmtrain.config.groups.parallelism import is_fsdp
 from vlmtrain.config.resolve import Auto, Resolved, resolve
-from vlmtrain.data.photos import PHOTOS
+from vlmtrain.data import prepare
 
 if TYPE_CHECKING:
     from vlmtrain.config.schema import RunConfig
@@ -33,8 +36,8 @@ PACK_ROWS = 3
 """Auto packing's largest capacity, in train.seq_length samples: 12288 at seq 4096, the capacity the H1 tune and the
 2 x H200 sweep measured fastest (experiment=tune_h1, perf_h200x2_best)."""
 PACK_STEP = 256
-"""Auto packing steps its capacity down by this many tokens until the memory estimate fits (12032 at H1 with the
-ViT's padded heads, as experiment=perf_h200_best)."""
+"""Auto packing steps its capacity down by this many tokens until the memory estimate fits with headroom and a row
+holds at most one GPU's share of a step."""
 
 
 def placed(run: RunConfig, node_gpus: int, slurm_tasks_per_node: int | None = None) -> tuple[world.Placement, Resolved]:
@@ -50,9 +53,58 @@ def settle(run: RunConfig) -> Resolved:
     the kernels: the ViT's padded heads cost memory the packing capacity must leave room for), then resolved, with
     what was settled in `Resolved.auto`."""
     picks = _layout(run)
-    picks += kernels.settle(run, three_d=not is_fsdp(run))
-    picks += _packing(run)
+    picks = _fitted(run, picks + kernels.settle(run, three_d=not is_fsdp(run)))
     return dataclasses.replace(resolve(run), auto=tuple(picks))
+
+
+def _fitted(run: RunConfig, picks: list[Auto]) -> list[Auto]:
+    """`picks` plus packing settled (`_packing`), then, while the memory estimate leaves less headroom than
+    preflight warns at (memory.TIGHT), the exact memory reliefs in turn (`_optimizer_relief`, `_unpadded_vit_heads`),
+    packing settled again after each. Nothing is relieved where the first settling fits, nor where data.packing was
+    set (the run named its row: a preset keeps what it measured, and preflight judges it); where none fits, all are
+    kept and preflight judges the estimate."""
+    gbs, auto_packing = run.train.global_batch_size, run.data.packing == AUTO
+    packed = _packing(run)
+    for relieve in (_optimizer_relief, _unpadded_vit_heads) if auto_packing and not _unplaceable(run) else ():
+        if memory.estimate(run, resolve(run)).total <= memory.TIGHT * run.hardware.memory_gib:
+            break
+        if (got := relieve(run, picks)) is not None:
+            picks = [a for a in picks if a.option != got.option] + [got]
+            run.data.packing, run.train.global_batch_size = AUTO, gbs
+            packed = _packing(run)
+    if run.precision.precision_aware_optimizer is None:
+        run.precision.precision_aware_optimizer = False
+    return picks + packed
+
+
+def _unplaceable(run: RunConfig) -> bool:
+    """The layout needs more GPUs than the world has (preflight names it): there is nothing to estimate."""
+    lay = resolve(run).layout
+    return min(lay.dp, lay.expert_dp) < 1
+
+
+def _tight(run: RunConfig) -> str:
+    hw = run.hardware
+    return f"the memory estimate leaves less than {1 - memory.TIGHT:.0%} of hardware={hw.name}'s {hw.memory_gib:g} GiB"
+
+
+def _optimizer_relief(run: RunConfig, picks: list[Auto]) -> Auto | None:
+    """TE's precision-aware Adam where it saves memory (3D; BF16 weights keep remainders) and was left unset."""
+    p = run.precision
+    if p.precision_aware_optimizer is not None or is_fsdp(run) or not memory.keeps_remainders(run):
+        return None
+    p.precision_aware_optimizer = True
+    return Auto("precision.precision_aware_optimizer", "true", f"{_tight(run)} without it: Adam's FP32 master "
+                "weights kept as the BF16 weights plus 16-bit remainders (exact), 10 instead of 12 bytes per parameter")
+
+
+def _unpadded_vit_heads(run: RunConfig, picks: list[Auto]) -> Auto | None:
+    """The ViT's attention at its own head dim where kernels=auto padded it (faster, but TE keeps padded tensors)."""
+    if not any(a.option == "kernels.vit_attention_head_dim" and a.value != "off" for a in picks):
+        return None
+    run.kernels.vit_attention_head_dim = None
+    return Auto("kernels.vit_attention_head_dim", "off", f"{_tight(run)} with the ViT's attention heads padded "
+                "(TE keeps the padded tensors)")
 
 
 def _layout(run: RunConfig) -> list[Auto]:
@@ -69,8 +121,10 @@ def _layout(run: RunConfig) -> list[Auto]:
 
 
 def packing_off(run: RunConfig) -> str | None:
-    """Why auto packing stays off for this run, or None where packing is proven and possible."""
+    """Why auto packing stays off for this run whatever its data, or None where packing is proven and possible."""
     m, hw, t = run.model, run.hardware, run.train
+    if _unplaceable(run):
+        return "the layout needs more GPUs than the world has (preflight says which)"
     if m.family == Family.qwen35_vl and not QWEN35_PACKING_PROVEN:
         return ("Qwen3.5 packing is not yet proven equal to per-sample training on a GPU (issue 48: "
                 "check.preflight.packing.QWEN35_PACKING_PROVEN)")
@@ -81,9 +135,6 @@ def packing_off(run: RunConfig) -> str | None:
         return f"packing was proven equal in BF16 only, not precision={run.precision.format}"
     if unscanned(run):
         return f"data={run.data.kind} is not read by the data scan, which packing bins from"
-    if run.data.kind == DataKind.sample:
-        return (f"data=sample is the {len(PHOTOS)}-photo smoke set: packed, it fills fewer rows than one global batch "
-                "(each step would repeat the same row)")
     if t.micro_batch_size != 1:
         return (f"train.micro_batch_size={t.micro_batch_size} asks for padded micro-batches (a packed micro-batch "
                 "is one row: train.micro_batch_size=1)")
@@ -91,25 +142,90 @@ def packing_off(run: RunConfig) -> str | None:
         return "an attention CUDA graph replays fixed sequence boundaries (preflight: packing_with_graphs)"
     if run.data.truncate_long_samples:
         return "data.truncate_long_samples=true: packing never cuts a sample"
+    if validating(run) and world.bridge_section(run, "validation").get("eval_global_batch_size"):
+        return ("+bridge.validation.eval_global_batch_size counts samples unpacked and rows packed: set "
+                "data.packing=<tokens> to pack with it")
     return None
 
 
+@dataclasses.dataclass(frozen=True)
+class Packed:
+    """A packed step that trains about the samples the unpacked command would."""
+
+    capacity: int
+    rows: int
+    """Rows per step: the settled train.global_batch_size."""
+    samples: int
+    """Training samples in an epoch."""
+    bins: int
+    """Rows they fill."""
+
+    @property
+    def per_row(self) -> float:
+        return self.samples / self.bins
+
+
 def _packing(run: RunConfig) -> list[Auto]:
-    """data.packing=auto settled: off where packing_off says why, else the largest capacity from PACK_ROWS x
-    train.seq_length down to train.seq_length (steps of PACK_STEP, aligned) whose memory estimate fits."""
+    """data.packing=auto settled: off where packing_off or the data says why, else `_packed_step`'s row, with
+    train.global_batch_size turned from the samples the command asks for into the rows that carry as many."""
     if run.data.packing != AUTO:
         return []
     why = packing_off(run)
-    seq = run.train.seq_length
     if why is None:
-        run.data.packing = seq  # the alignment, from the layout and precision
-        step = math.lcm(PACK_STEP, resolve(run).pack_align)
-        for cap in range(PACK_ROWS * seq // step * step, seq - 1, -step):
-            run.data.packing = cap
-            if memory.estimate(run, resolve(run)).total <= run.hardware.memory_gib:
-                return [Auto("data.packing", str(cap), f"the largest row up to {PACK_ROWS} x train.seq_length that "
-                             f"the memory estimate fits; packing proven equal for model={run.model.name} "
-                             "(results/packing_equivalence.jsonl); train.global_batch_size counts rows")]
-        why = f"the memory estimate fits no packed row of train.seq_length={seq} tokens or more"
+        gbs, hw = run.train.global_batch_size, run.hardware
+        got, why = _packed_step(run)
+        if got is not None:
+            run.data.packing, run.train.global_batch_size = got.capacity, got.rows
+            return [Auto("data.packing", str(got.capacity), f"the largest row up to {PACK_ROWS} x train.seq_length "
+                         f"that the memory estimate keeps within {memory.TIGHT:.0%} of hardware={hw.name}'s "
+                         f"{hw.memory_gib:g} GiB and that holds at most one GPU's share of a step; packing proven "
+                         f"equal for model={run.model.name} (results/packing_equivalence.jsonl)"),
+                    Auto("train.global_batch_size", str(got.rows), f"{got.rows} packed row(s) of ~{got.per_row:.1f} "
+                         f"samples per step: ~{got.rows * got.per_row:.1f} samples, as the command's "
+                         f"train.global_batch_size={gbs} samples ({got.samples} samples fill {got.bins} rows); with "
+                         "data.packing set it counts rows")]
     run.data.packing = False
     return [Auto("data.packing", "off", why)]
+
+
+def _packed_step(run: RunConfig) -> tuple[Packed | None, str]:
+    """The largest capacity from PACK_ROWS x train.seq_length down to the longest sample (steps of PACK_STEP,
+    aligned) whose memory estimate stays within memory.TIGHT of the card and whose rows hold at most one GPU's
+    share of the command's train.global_batch_size samples, with the rows per step that carry about as many
+    (packed, a step holds whole rows); its epoch and held-out set must fill one step and one evaluation batch of
+    rows. (None, why not) where no capacity does."""
+    lengths = prepare.lengths(run)
+    if lengths is None:
+        return None, (f"data={run.data.kind} data.path={run.data.path}: the data stage cannot count its samples' "
+                      "lengths before the run (it names what is wrong when the run starts)")
+    t, hw = run.train, run.hardware
+    n, gbs = len(lengths.train), t.global_batch_size
+    if n < gbs:  # unpacked too: preflight's data_fills_global_batch warns of it
+        return None, f"the {n} training samples are fewer than one step's train.global_batch_size={gbs}"
+    if 0 < len(lengths.held_out) < gbs:  # unpacked too: preflight's validation_fills_eval_batch refuses it
+        return None, f"the {len(lengths.held_out)} held-out samples are fewer than one evaluation batch of {gbs}"
+    run.data.packing = t.seq_length  # the layout and segment alignment of a packed run
+    res = resolve(run)
+    dp, align = res.layout.dp, res.pack_align
+    step, share = math.lcm(PACK_STEP, align), gbs / dp
+    why = (f"the memory estimate fits no packed row within {memory.TIGHT:.0%} of hardware={hw.name}'s "
+           f"{hw.memory_gib:g} GiB")
+    for cap in range(PACK_ROWS * t.seq_length // step * step, -(-lengths.longest // step) * step - 1, -step):
+        run.data.packing = cap
+        if memory.estimate(run, resolve(run)).total > memory.TIGHT * hw.memory_gib:
+            continue
+        train_rows, held_rows = lengths.rows(cap, align)
+        per_row = n / train_rows
+        rows = dp * int(share / per_row + 0.5)
+        if per_row > share:
+            why = (f"train.global_batch_size={gbs} over DP {dp} is {share:g} sample(s) per GPU per step, fewer than "
+                   f"the smallest packed row holds (~{per_row:.1f}): packing would change the samples a step trains")
+        elif train_rows < rows or (train_rows == rows and n > gbs):
+            why = (f"the {n} training samples fill {train_rows} packed rows, no more than one step's {rows}: every "
+                   "step would train the same rows")
+        elif lengths.held_out and held_rows < rows:
+            why = (f"the {len(lengths.held_out)} held-out samples fill {held_rows} packed rows, fewer than one "
+                   f"evaluation batch of {rows}")
+        else:
+            return Packed(cap, rows, n, train_rows), ""
+    return None, why

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from vlmtrain.config.groups.data import Kind, cache_dir, validating
 from vlmtrain.config.groups.train import eval_global_batch_size
-from vlmtrain.data import validation
+from vlmtrain.data import rows, validation
 
 if TYPE_CHECKING:
     from vlmtrain.config.resolve import Resolved
@@ -144,41 +144,68 @@ def prepare(run: RunConfig, res: Resolved) -> Prepared:
     with a packing capacity (`res`), bin them; record the outcome in the run directory. Runs in the launcher
     before torchrun starts the ranks (vlmtrain.flow), in the dry run and in each rank's build (there a cache hit).
     Hub datasets (Bridge presets) are not scanned: Bridge downloads them in the ranks."""
-    from vlmtrain.data import energon, hf
+    from vlmtrain.data import energon
 
     d = run.data
     with _cache_lock(run):
         report = _scan(run, remote=False)
         if report is None:
             prepared = Prepared(None, _hf_source(run) if d.kind == Kind.hf else None)
+        elif d.kind == Kind.energon:
+            report.enforce(d.skip_bad_images)
+            held = _energon_val(run) if validating(run) else None
+            bad = report.bad_refs | (held.bad_refs if held else set())
+            prepared = Prepared(report, energon_kwargs=energon.excluding(Path(d.path), bad, cache_dir(run))
+                                if bad else {})
+            if held:
+                prepared.validation_samples, prepared.validation_skipped = held.samples - len(held.bad), len(held.bad)
         else:
             report.enforce(d.skip_bad_images)
-            if report.output:  # sample, realistic, jsonl: the checked copy holds only the good rows
-                prepared = Prepared(report, {"path_or_dataset": "json", "split": "train",
-                                             "load_kwargs": {"data_files": {"train": report.output}}})
-            elif d.kind == Kind.energon:
-                held = _energon_val(run) if validating(run) else None
-                bad = report.bad_refs | (held.bad_refs if held else set())
-                prepared = Prepared(report, energon_kwargs=energon.excluding(Path(d.path), bad, cache_dir(run))
-                                    if bad else {})
-                if held:
-                    prepared.validation_samples, prepared.validation_skipped = held.samples - len(held.bad), \
-                        len(held.bad)
-            else:
-                src = _hf_source(run)
-                prepared = Prepared(report, hf.without_bad(str(d.kind), src, report, cache_dir(run))
-                                    if report.bad else src)
+            prepared = Prepared(report, _good_source(run, report))
         held_report = _hold_out(run, report, prepared) if validating(run) and d.kind != Kind.energon else None
     truncated = None
     if report is not None and prepared.hf_source is not None:  # atomic cache writes: no lock needed
         if res.packing_capacity:
-            prepared.bins = _bins(run, res, report, prepared.hf_source)
+            prepared.bins = rows.bin_source(run, res, report, prepared.hf_source, str(processor_dir(run)))
         else:
-            truncated = _fit(run, report, prepared.hf_source)
+            truncated = rows.fit(run, report, prepared.hf_source, str(processor_dir(run)))
     if prepared.validation is not None:
-        _fit_held_out(run, res, held_report or report, prepared)
+        _fit_held_out(run, res, held_report or report, prepared, str(processor_dir(run)))
     _record(run, report, prepared.bins, truncated, prepared)
     return prepared
+
+
+def lengths(run: RunConfig) -> rows.Lengths | None:
+    """The exact lengths of the samples this run would train on and hold out (the good ones, after the hold-out
+    split; cached), before any GPU work: the rows the defaults and preflight count. None where the data stage
+    cannot count them here (mock, Energon, hub data; missing or unusable data, which the data stage names)."""
+    if run.data.kind == Kind.energon:
+        return None
+    try:
+        with _cache_lock(run):
+            report = _scan(run, remote=False)
+            if report is None or len(report.bad) == report.samples:
+                return None
+            prepared = Prepared(report, _good_source(run, report))
+            held_report = _hold_out(run, report, prepared) if validating(run) else None
+        proc = str(processor_dir(run))
+        train, _ = rows.source_lengths(run, report, prepared.hf_source, proc)
+        held = rows.source_lengths(run, held_report or report, prepared.validation, proc)[0] \
+            if prepared.validation else []
+    except (OSError, ValueError):  # a BadSample too: the data stage says what is wrong with the data
+        return None
+    return rows.Lengths(tuple(train), tuple(held))
+
+
+def _good_source(run: RunConfig, report: Report) -> dict[str, Any]:
+    """HFDatasetSourceConfig fields of the scanned samples without the bad ones: the checked JSONL copy (sample,
+    realistic, jsonl), else the parquet/hf source or its filtered copy."""
+    from vlmtrain.data import hf
+
+    if report.output:  # the checked copy holds only the good rows
+        return _json_source(Path(report.output))
+    src = _hf_source(run)
+    return hf.without_bad(str(run.data.kind), src, report, cache_dir(run)) if report.bad else src
 
 
 def _energon_val(run: RunConfig) -> Report:
@@ -231,72 +258,20 @@ def _json_source(path: Path) -> dict[str, Any]:
     return {"path_or_dataset": "json", "split": "train", "load_kwargs": {"data_files": {"train": str(path)}}}
 
 
-def _fit_held_out(run: RunConfig, res: Resolved, report: Report, prepared: Prepared) -> None:
+def _fit_held_out(run: RunConfig, res: Resolved, report: Report, prepared: Prepared, proc: str) -> None:
     """The held-out samples' lengths checked (or binned) as the training ones, and one evaluation batch of them
     (packed: of rows) required."""
-    from vlmtrain.data import bins
-
     batch = eval_global_batch_size(run)
     if res.packing_capacity:
-        prepared.validation_bins = _bins(run, res, report, prepared.validation)
+        prepared.validation_bins = rows.bin_source(run, res, report, prepared.validation, proc)
         prepared.validation_samples = len(prepared.validation_bins.lengths)
         validation.require_batch(len(prepared.validation_bins.bins), batch,
                                  f"the held-out set packed into data.packing={res.packing_capacity} rows", "rows")
         return
-    _fit(run, report, prepared.validation)
-    lengths, _ = bins.sample_lengths(cache_dir(run), _length_identity(report, prepared.validation),
-                                     prepared.validation, str(processor_dir(run)))
-    prepared.validation_samples = len(lengths)
-    validation.require_batch(len(lengths), batch, "the held-out set (data.validation / data.validation_fraction)")
-
-
-def _length_identity(report: Report, source: dict[str, Any]) -> dict[str, Any]:
-    """What the samples' lengths depend on: the source, the files the scan read and the checked copy Bridge reads
-    (size, mtime), and the processor."""
-    from vlmtrain.data import processor
-
-    stamps = dict(report.files)
-    for files in source.get("load_kwargs", {}).get("data_files", {}).values():  # the checked copy Bridge reads
-        for path in [files] if isinstance(files, str) else files:  # a split's files: one path or a list (data=hf)
-            st = Path(path).stat()
-            stamps[str(path)] = [st.st_size, st.st_mtime_ns]
-    return {"source": source, "files": stamps, "processor": processor.PROCESSOR_VERSION}
-
-
-def _bins(run: RunConfig, res: Resolved, report: Report, source: dict[str, Any]) -> Bins:
-    """The bins at the packing capacity of the samples Bridge reads from `source`, each sample's segment aligned
-    to res.pack_align; lengths are cached by the source, the files the scan read (size, mtime) and the processor."""
-    from vlmtrain.data import bins
-
-    proc = processor_dir(run)
-    identity = _length_identity(report, source)
-    out = bins.prepare_bins(cache_dir(run), identity, source, str(proc), res.packing_capacity, report.dataset,
-                            res.pack_align)
-    print(f"[vlmtrain] data.packing={out.capacity}: {out.summary()}", flush=True)
-    return out
-
-
-def _fit(run: RunConfig, report: Report, source: dict[str, Any]) -> dict[str, int] | None:
-    """Without packing a sample is one row of train.seq_length tokens, and Bridge silently cuts a longer one: refuse
-    it naming it (packing's message, vlmtrain.data.bins.refuse_longer), or with data.truncate_long_samples=true
-    count the samples and tokens cut ({"samples", "tokens"}; None when not opted in)."""
-    from vlmtrain.data import bins
-
-    seq = run.train.seq_length
-    lengths, names = bins.sample_lengths(cache_dir(run), _length_identity(report, source), source,
-                                         str(processor_dir(run)))
-    if not run.data.truncate_long_samples:
-        bins.refuse_longer(lengths, seq, [f"{report.dataset}: {n}" for n in names],
-                           f"train.seq_length={seq} with data.packing=false (one sample per row)",
-                           "Raise train.seq_length to at least {n}, pack (data.packing=<capacity> of at least {n}), "
-                           "or set data.truncate_long_samples=true to train on each such sample's first "
-                           "train.seq_length tokens (counted in data_scan.json, metrics and the report).")
-        return None
-    cut = [n - seq for n in lengths if n > seq]
-    if cut:
-        print(f"[vlmtrain] data.truncate_long_samples=true: {len(cut)} of {len(lengths)} samples are longer than "
-              f"train.seq_length={seq}; {sum(cut)} tokens cut", flush=True)
-    return {"samples": len(cut), "tokens": sum(cut)}
+    rows.fit(run, report, prepared.validation, proc)
+    prepared.validation_samples = len(rows.source_lengths(run, report, prepared.validation, proc)[0])
+    validation.require_batch(prepared.validation_samples, batch,
+                             "the held-out set (data.validation / data.validation_fraction)")
 
 
 def _record(run: RunConfig, report: Report | None, packed: Bins | None = None,

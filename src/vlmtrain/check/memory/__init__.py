@@ -28,8 +28,10 @@ from vlmtrain.check.memory.estimate import (
     CONTEXT_OVERHEAD_GIB,
     GRAD_BYTES,
     OPTIMIZER_BYTES,
+    TIGHT,
     MemoryBreakdown,
     estimate,
+    keeps_remainders,
     model_state_bytes,
     optimizer_bytes,
     render,
@@ -38,7 +40,7 @@ from vlmtrain.check.memory.params import StageParams, layer_params, model_param_
 from vlmtrain.check.memory.workload import Workload, default_workload, image_token_bound
 
 __all__ = [
-    "CONTEXT_OVERHEAD_GIB", "GIB", "GRAD_BYTES", "OPTIMIZER_BYTES", "MemoryBreakdown", "StageParams", "Workload",
-    "default_workload", "estimate", "image_token_bound", "layer_params", "model_param_count", "model_state_bytes",
-    "optimizer_bytes", "param_counts", "render", "stage_params",
+    "CONTEXT_OVERHEAD_GIB", "GIB", "GRAD_BYTES", "OPTIMIZER_BYTES", "TIGHT", "MemoryBreakdown", "StageParams",
+    "Workload", "default_workload", "estimate", "image_token_bound", "keeps_remainders", "layer_params",
+    "model_param_count", "model_state_bytes", "optimizer_bytes", "param_counts", "render", "stage_params",
 ]

@@ -42,12 +42,17 @@ remainder (Megatron's store_param_remainders), where its weights are BF16 (Megat
 scaling); its other recipes keep FP32 master weights."""
 
 
+def keeps_remainders(run: RunConfig) -> bool:
+    """precision.precision_aware_optimizer would keep BF16 weights plus remainders (and so save memory) here."""
+    p = run.precision
+    return p.format == precision.Format.bf16 or (p.format == precision.Format.fp8
+                                                 and p.scaling == precision.Scaling.delayed)
+
+
 def optimizer_bytes(run: RunConfig) -> int:
     """Adam's state per trainable parameter."""
-    p = run.precision
-    remainders = p.format == precision.Format.bf16 or (p.format == precision.Format.fp8
-                                                        and p.scaling == precision.Scaling.delayed)
-    return REMAINDER_OPTIMIZER_BYTES if p.precision_aware_optimizer and remainders else OPTIMIZER_BYTES
+    return REMAINDER_OPTIMIZER_BYTES if run.precision.precision_aware_optimizer and keeps_remainders(run) \
+        else OPTIMIZER_BYTES
 FSDP_STEP_BUFFER_BYTES = BF16
 """Megatron-FSDP holds 2 B per trainable parameter (unsharded on the rank) after backward: measured as the
 allocation left after each step beyond params+grads+optimizer in the three FSDP H200 runs (tiny 1 GPU: 0.16 GiB;
@@ -58,6 +63,10 @@ PROCESS_OVERHEAD_GIB = 0.25
 """Allocator-visible fixed memory per process (cuBLAS/TE workspaces, RNG tracker states, the batch, loss and
 metric buffers). Calibrated on the H200 runs: the allocation left after a step minus params+grads+optimizer(+FSDP
 buckets) was 0.22-0.23 GiB in the tiny 3D/FSDP/TP2/PP2 runs and 0.27-0.30 GiB in the 30B-shape runs."""
+TIGHT = 0.9
+"""The share of the hardware group's memory_gib above which the estimate leaves too little headroom for what it
+does not model (fragmentation, a longer sample than the worst case it assumes): preflight warns (memory_headroom),
+and the defaults settle no choice above it."""
 CONTEXT_OVERHEAD_GIB = 2.0
 """HBM outside torch's caching allocator plus allocator slack: CUDA context (~0.5 GiB on Hopper), NCCL
 communicator buffers (~0.2 GiB per communicator in use; Megatron uses TP/DP/EP/expert-DP/PP groups) and the gap

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from vlmtrain.check.preflight.packing import packed_rows
 from vlmtrain.check.preflight.registry import Severity, rule
 from vlmtrain.config.groups.data import Kind as DataKind
 
@@ -37,6 +38,36 @@ def data_path_exists(run: RunConfig, res: Resolved) -> str | None:
     if d.kind == DataKind.jsonl and d.image_dir and not Path(d.image_dir).expanduser().is_dir():
         return f"data=jsonl: data.image_dir={d.image_dir} is not a directory."
     return None
+
+
+@rule(Severity.warning)
+def data_fills_global_batch(run: RunConfig, res: Resolved) -> str | None:
+    """An epoch shorter than one step repeats rows inside every step (Megatron's sampler cycles the data). Unpacked a
+    row is a sample (counted from file metadata, the held-out ones left out); packed, the data stage's bins at the
+    capacity. A warning, not a refusal: a stand-in dataset at a cluster's batch (experiment=3d_gb200 on
+    data=realistic) still checks the layout; the auto defaults never pack into it (check.defaults)."""
+    from vlmtrain.check.preflight.validation import held_out_samples, source_samples
+
+    gbs, per = run.train.global_batch_size, run.train.micro_batch_size * res.layout.dp
+    packed = packed_rows(run, res)
+    if packed is not None:
+        lengths, rows, _ = packed
+        what = (f"data={run.data.kind}'s {len(lengths.train)} training samples fill {rows} packed rows of <= "
+                f"{res.packing_capacity} tokens")
+        fix = "a smaller data.packing"
+    else:
+        samples, held = source_samples(run), held_out_samples(run)
+        if samples is None or res.packing_capacity:
+            return None
+        rows = samples - (held or 0) if run.data.validation_fraction is not None else samples
+        what = f"data={run.data.kind} holds {rows} training samples"
+        fix = "more samples"
+    if rows >= gbs:
+        return None
+    most = rows // per * per
+    lower = f"train.global_batch_size={most}" if most else "fewer GPUs"
+    return (f"{what}, fewer than one global batch of train.global_batch_size={gbs}: every step would repeat them. "
+            f"Use {lower} (a multiple of train.micro_batch_size x DP {res.layout.dp}) or {fix}.")
 
 
 @rule(Severity.warning)

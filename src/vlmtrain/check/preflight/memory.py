@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from vlmtrain.check import memory
 from vlmtrain.check.preflight.recompute_graphs import deepstack_blocks_full_recompute
 from vlmtrain.check.preflight.registry import Severity, rule
+from vlmtrain.config.groups.parallelism import is_fsdp
 
 if TYPE_CHECKING:
     from vlmtrain.config.resolve import Resolved
@@ -32,17 +33,23 @@ def memory_message(run: RunConfig, res: Resolved, b: memory.MemoryBreakdown, ver
     hints = (f" Model state alone (params+grads+optimizer) is {state:.0f} GiB: shard the model further "
              "(parallelism.ep/pp, parallelism=fsdp) before touching activations." if state > run.hardware.memory_gib
              else "")
-    smaller = "a smaller train.micro_batch_size"
+    tries = [fewer, "a larger parallelism.ep (more nodes once EP spans all GPUs)" if lay.ep < lay.world_size else
+             "more GPUs (gpus_per_node, nodes: the model state shards over them)"]
+    if not run.precision.precision_aware_optimizer and not is_fsdp(run) and memory.keeps_remainders(run):
+        tries.append("precision.precision_aware_optimizer=true (Adam's exact FP32 state in 10 instead of 12 bytes "
+                     "per parameter)")
     if res.packing_capacity:
-        smaller = (f"a smaller data.packing (now {res.packing_capacity} tokens per micro-batch row; the same "
-                   "train.global_batch_size rows then carry fewer samples per step)")
+        tries.append(f"a smaller data.packing (now {res.packing_capacity} tokens per micro-batch row; the same "
+                     "train.global_batch_size rows then carry fewer samples per step)")
+    elif run.train.micro_batch_size > 1:
+        tries.append("a smaller train.micro_batch_size")
     return (f"model={run.model.name} {verdict}: estimated {b.total:.0f} GiB per GPU (PP stage {b.stage}; largest: "
             + ", ".join(f"{k} {v:.0f}" for k, v in top)
             + f") vs hardware={run.hardware.name} memory_gib={run.hardware.memory_gib:.0f}, with "
             f"parallelism={run.parallelism.kind} (EP {lay.ep}, DP {lay.dp}), "
             f"recompute={c.get('recompute', run.recompute.granularity)}, "
-            f"train.micro_batch_size={run.train.micro_batch_size}, seq {b.seq_len}. Try {fewer}, a larger "
-            f"parallelism.ep (more nodes once EP spans all GPUs) or {smaller}." + hints)
+            f"train.micro_batch_size={run.train.micro_batch_size}, seq {b.seq_len}. Try "
+            + ", ".join(tries[:-1]) + f" or {tries[-1]}." + hints)
 
 
 @rule(Severity.error)
@@ -54,4 +61,4 @@ def memory_fits(run: RunConfig, res: Resolved) -> str | None:
 @rule(Severity.warning)
 def memory_headroom(run: RunConfig, res: Resolved) -> str | None:
     b, frac = _memory_verdict(run, res)
-    return memory_message(run, res, b, f"is tight ({frac:.0%})") if 0.9 < frac <= 1.0 else None
+    return memory_message(run, res, b, f"is tight ({frac:.0%})") if memory.TIGHT < frac <= 1.0 else None

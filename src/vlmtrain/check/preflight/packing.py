@@ -14,6 +14,7 @@ from vlmtrain.config.groups.model import Family
 if TYPE_CHECKING:
     from vlmtrain.config.resolve import Resolved
     from vlmtrain.config.schema import RunConfig
+    from vlmtrain.data.rows import Lengths
 
 
 @rule(Severity.error)
@@ -50,6 +51,19 @@ def unscanned(run: RunConfig) -> bool:
     d = run.data
     hub = d.kind == Kind.hf and d.path is not None and not Path(d.path).expanduser().exists()
     return d.kind in (Kind.energon, Kind.mock) or hub
+
+
+def packed_rows(run: RunConfig, res: Resolved) -> tuple[Lengths, int, int] | None:
+    """(lengths, training rows, held-out rows) of a packed run's data at its capacity, as the data stage bins them;
+    None unpacked, or where the data stage decides (data it cannot count here, a sample longer than the capacity:
+    it names them)."""
+    from vlmtrain.data import prepare
+
+    cap = res.packing_capacity
+    lengths = prepare.lengths(run) if cap else None
+    if lengths is None or lengths.longest > cap:
+        return None
+    return lengths, *lengths.rows(cap, res.pack_align)
 
 
 @rule(Severity.error)

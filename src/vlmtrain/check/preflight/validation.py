@@ -1,13 +1,14 @@
 """Preflight rules of validation: a held-out source (data.validation or data.validation_fraction) that exists, fits
 the data kind and fills one evaluation batch, evaluated on a schedule (train.eval_interval) that Bridge can run.
-Sizes come from file metadata (vlmtrain.data.validation.count); the data stage checks the exact size again after
-the scan (bad samples skipped, packed rows)."""
+Sizes come from file metadata (vlmtrain.data.validation.count), packed rows from the data stage's bins at the
+capacity; the data stage checks the exact size again after the scan (bad samples skipped)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from vlmtrain.check.preflight.packing import packed_rows
 from vlmtrain.check.preflight.registry import Severity, bridge, rule
 from vlmtrain.config.groups.data import Kind, validating
 from vlmtrain.config.groups.train import eval_global_batch_size
@@ -106,23 +107,27 @@ def validation_path_exists(run: RunConfig, res: Resolved) -> str | None:
 
 @rule(Severity.error)
 def validation_fills_eval_batch(run: RunConfig, res: Resolved) -> str | None:
-    """One evaluation batch is validation.eval_global_batch_size samples (packed: rows of >= 1 sample); a smaller
-    held-out set would repeat samples inside it."""
+    """One evaluation batch is validation.eval_global_batch_size samples, or packed rows (the data stage's bins of
+    the held-out samples at the capacity); a smaller held-out set would repeat samples inside it."""
     from vlmtrain.data.validation import held_out_count
 
-    held = _held_out_samples(run)
-    batch = eval_global_batch_size(run)
-    if held is not None and held < batch:
-        what = (f"data.validation_fraction={run.data.validation_fraction} holds out {held}" if
-                run.data.validation_fraction is not None else f"data.validation={run.data.validation} holds {held}")
-        fraction = run.data.validation_fraction
-        need = next((f"data.validation_fraction={k / 100:g}" for k in range(1, 100) if fraction is not None
-                     and held_out_count(_training_samples(run) or 0, k / 100) >= batch), None)
-        return (f"{what} samples, fewer than one evaluation batch of {batch} (train.global_batch_size, or "
-                "+bridge.validation.eval_global_batch_size). Hold out more" + (f" ({need})" if need else "")
-                + ", or evaluate smaller batches: +bridge.validation.eval_global_batch_size=<at most "
-                f"{held}, a multiple of train.micro_batch_size x DP>.")
-    return None
+    d = run.data
+    packed = packed_rows(run, res) if validating(run) else None
+    held = len(packed[0].held_out) if packed else held_out_samples(run)
+    rows, batch = packed[2] if packed else held, eval_global_batch_size(run)
+    if held is None or rows >= batch:
+        return None
+    what = (f"data.validation_fraction={d.validation_fraction} holds out {held} samples" if d.validation_fraction
+            is not None else f"data.validation={d.validation} holds {held} samples")
+    if packed:
+        what += f", which pack into {rows} rows of <= {res.packing_capacity} tokens"
+    need = next((f" (data.validation_fraction={k / 100:g})" for k in range(1, 100) if d.validation_fraction is not None
+                 and not packed and held_out_count(source_samples(run) or 0, k / 100) >= batch), "")
+    return (f"{what}, fewer than one evaluation batch of {batch}{' rows' if packed else ''} (train.global_batch_size, "
+            f"or +bridge.validation.eval_global_batch_size). Hold out more{need}"
+            + (", pack smaller rows (data.packing)" if packed else "")
+            + f", or evaluate smaller batches: +bridge.validation.eval_global_batch_size=<at most {rows}, a multiple "
+            "of train.micro_batch_size x DP>.")
 
 
 @rule(Severity.error)
@@ -137,7 +142,7 @@ def energon_eval_micro_batch(run: RunConfig, res: Resolved) -> str | None:
     return None
 
 
-def _training_samples(run: RunConfig) -> int | None:
+def source_samples(run: RunConfig) -> int | None:
     """Samples of the training source from its metadata (before any bad sample is skipped); None when unknown."""
     from vlmtrain.data import PHOTOS
     from vlmtrain.data.validation import count
@@ -150,13 +155,13 @@ def _training_samples(run: RunConfig) -> int | None:
     return count(str(d.kind), d.path, d.split) if d.kind in PATH_KINDS else None
 
 
-def _held_out_samples(run: RunConfig) -> int | None:
+def held_out_samples(run: RunConfig) -> int | None:
     """Samples the run would hold out, from metadata; None when unknown (or no validation)."""
     from vlmtrain.data.validation import count, held_out_count
 
     d = run.data
     if d.validation_fraction is not None and 0 < d.validation_fraction < 1:
-        n = _training_samples(run)
+        n = source_samples(run)
         return None if n is None else held_out_count(n, d.validation_fraction)
     if d.validation is not None and d.kind in PATH_KINDS:
         return count(str(d.kind), d.validation, d.split)

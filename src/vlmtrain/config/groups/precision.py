@@ -19,7 +19,8 @@ What stays BF16 (stated, and settable):
 - the embedding, the output layer, norms and attention softmax (TE quantizes Linear GEMMs only).
 With any quantized format, MoE routing pads each expert's token count to the quantization block
 (moe_router_padding_for_quantization): TE's FP8/FP4 GEMMs need aligned row counts.
-`precision_aware_optimizer` keeps Adam's master weights as BF16 weight + remainder (exact FP32) in TE's FusedAdam.
+`precision_aware_optimizer` keeps Adam's master weights as BF16 weight + remainder (exact FP32) in TE's FusedAdam
+(null: off unless the defaults need its memory, vlmtrain.check.defaults).
 The recipe's loss_scale is 1.0 under `train.on_nonfinite=skip` (a constant grad scaler, the one Megatron
 mechanism that skips an update with non-finite gradients; Bridge copies the recipe's loss_scale into the
 optimizer config, so this group, which owns the recipe, writes it).
@@ -87,11 +88,12 @@ class PrecisionConfig:
     """The ViT's GEMMs: bf16 (what Bridge does) or quantized (the decoder's format)."""
     router_dtype: str = "fp32"
     """The MoE router's gating precision (model.moe_router_dtype: fp32 or fp64); never quantized."""
-    precision_aware_optimizer: bool = False
+    precision_aware_optimizer: bool | None = None
     """TE's FusedAdam steps on the FP32 main grads and the BF16 weights in place, its FP32 master weight kept as the
     BF16 weight plus a 16-bit remainder (optimizer.use_precision_aware_optimizer; the same FP32 Adam): no copies
     of grads into and weights out of FP32 optimizer shards, 10 B of optimizer state per parameter instead of 12.
-    Its checkpoints' optimizer state is laid out differently (resume with the same setting)."""
+    Its checkpoints' optimizer state is laid out differently (resume with the same setting). null (the default):
+    off, unless the run's memory estimate needs it where the run is placed (check.defaults)."""
 
 
 def quantized(run: RunConfig) -> bool:
@@ -184,4 +186,4 @@ def apply(run: RunConfig, res: Resolved, cfg: ConfigContainer) -> None:
     cfg.mixed_precision = mp
     cfg.model.moe_router_dtype = p.router_dtype
     cfg.model.moe_router_padding_for_quantization = quantized(run) and bool(run.model.num_experts)
-    cfg.optimizer.use_precision_aware_optimizer = p.precision_aware_optimizer
+    cfg.optimizer.use_precision_aware_optimizer = bool(p.precision_aware_optimizer)
