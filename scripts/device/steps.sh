@@ -21,7 +21,7 @@ case $step in
   verify35|verify3vl)
     family=$([ "$step" = verify35 ] && echo qwen35_vl || echo qwen3_vl)
     timeout 560 python3 -m vlmtrain.lab.checks.verification --families "$family" \
-      --checks parity_import parity_trained --results "$OUT/verification.jsonl" --work /tmp/verif
+      --checks ${VERIFY_CHECKS:-parity_import parity_trained} --results "$OUT/verification.jsonl" --work /tmp/verif
     rc=$?
     logs /tmp/verif
     ;;
