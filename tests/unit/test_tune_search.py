@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 
 from vlmtrain.config.compose import compose
 from vlmtrain.config.resolve import resolve
-from vlmtrain.lab import spec, store
+from vlmtrain.lab import spec
 from vlmtrain.lab.tune import outputs, search, trials
 from vlmtrain.observe import run_summary
 
@@ -88,7 +88,7 @@ class ReplayHandle:
         if self.stopped:
             return -15
         if self.i < len(self.rows):
-            store.append_jsonl(self.run_dir / "metrics.jsonl", self.rows[self.i])
+            run_summary.append_jsonl(self.run_dir / "metrics.jsonl", self.rows[self.i])
             self.i += 1
             return None
         return self.rc

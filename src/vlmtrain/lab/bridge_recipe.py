@@ -169,7 +169,7 @@ class PeerMetrics(Callback):
                                **step_rates(self.run, self.counters.totals, fl, step_s, 1),
                                **loss_values(context.loss_dict)}
         self.counters.reset()
-        store.append_jsonl(self.path, row)
+        run_summary.append_jsonl(self.path, row)
 
 
 def rank_main(bench: Benchmark, run_dir: Path) -> int:

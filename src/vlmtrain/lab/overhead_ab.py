@@ -105,10 +105,9 @@ def pool(name: str, k: int, results_path: Path, command: str) -> dict[str, Any]:
         raise SystemExit(f"--pool {k}: need {k} rows of {name} from one date, machine and config in "
                          f"{results_path}, found {[(r['date'], r['machine']) for r in rows]}")
     pairs = [p for r in rows for p in r["pairs_detail"]]
-    row = dict(rows[-1], command=command, metrics=overhead_metrics(pairs), pairs_detail=pairs,
-               pooled=[r["command"] for r in rows])
-    store.append_jsonl(results_path, row)
-    return row
+    kept = {k: v for k, v in rows[-1].items() if k not in ("name", "command", "metrics", "pairs_detail")}
+    return store.append(results_path, name, command, overhead_metrics(pairs), **kept, pairs_detail=pairs,
+                        pooled=[r["command"] for r in rows])
 
 
 def profile_summary(run_dir: Path) -> dict[str, Any] | None:

@@ -22,7 +22,6 @@ command-line entry point; tests/unit/test_memory.py replays the recorded runs of
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
 import shlex
@@ -112,21 +111,17 @@ def row(record: dict[str, Any], lengths_cache: dict[str, list[tuple[int, int]]],
     b, worst = memory.estimate(run, res, w), memory.estimate(run, res)
     measured = float(record["metrics"]["peak_mem_gib"])
     err = error_pct(b.allocated, measured)
-    return {
-        "name": record["name"],
-        "command": {"benchmark": BENCHMARK_COMMAND, "gpu": record["command"]},
-        "date": datetime.date.today().isoformat(),
-        "machine": record["machine"],
-        "measured_date": record.get("date"),
-        "metrics": {"estimated_gib": round(b.allocated, 3), "measured_gib": round(measured, 3), "error_pct": err,
-                    "worst_case_gib": round(worst.allocated, 3),
-                    "worst_case_error_pct": error_pct(worst.allocated, measured),
-                    "total_with_context_gib": round(b.total, 3)},
-        "within_target": abs(err) <= TARGET_PCT,
-        "workload": {"seq_len": w.seq_len, "image_tokens_per_sample": w.image_tokens, "padded": w.padded,
-                     "micro_batch_size": run.train.micro_batch_size},
-        "breakdown": b.to_dict(),
-    }
+    metrics = {"estimated_gib": round(b.allocated, 3), "measured_gib": round(measured, 3), "error_pct": err,
+               "worst_case_gib": round(worst.allocated, 3),
+               "worst_case_error_pct": error_pct(worst.allocated, measured),
+               "total_with_context_gib": round(b.total, 3)}
+    # the measured run's machine: the estimate describes that run, whatever machine computes it
+    return store.row(record["name"], {"benchmark": BENCHMARK_COMMAND, "gpu": record["command"]}, metrics,
+                     machine=record["machine"], machine_run=record.get("machine_run"), measured_date=record.get("date"),
+                     within_target=abs(err) <= TARGET_PCT,
+                     workload={"seq_len": w.seq_len, "image_tokens_per_sample": w.image_tokens, "padded": w.padded,
+                               "micro_batch_size": run.train.micro_batch_size},
+                     breakdown=b.to_dict())
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
@@ -158,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     records = [r for path in args.measured for r in store.latest(run_summary.read_jsonl(path)) if rebuildable(r)]
     lengths_cache: dict[str, list[tuple[int, int]]] = {}
     rows = [row(r, lengths_cache, args.cache_dir.absolute()) for r in records]
-    args.out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    store.rewrite(args.out, rows)
     for r in rows:
         m = r["metrics"]
         print(f"{r['name']:<66} measured {m['measured_gib']:6.2f}  estimated {m['estimated_gib']:6.2f} "
