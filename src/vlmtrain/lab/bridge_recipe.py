@@ -18,11 +18,9 @@ import json
 import os
 import sys
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-from megatron.bridge.training.callbacks import Callback
 
 from vlmtrain.config.resolve import resolve
 from vlmtrain.lab import repeats, runner, store
@@ -36,12 +34,10 @@ if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
 
     from vlmtrain.config.schema import RunConfig
-    from vlmtrain.train.step_counters import StepCounters
 
 BENCH_FLAG = "--benchmark"
-RANK_FLAG = "--rank"
-MODULE = "vlmtrain.lab.bridge_recipe"
-ENTRY = f"python -m {MODULE}"
+RANK_MODULE = "vlmtrain.lab.bridge_recipe_rank"
+ENTRY = "python -m vlmtrain.lab.bridge_recipe"
 """What each run's row names as its command."""
 
 
@@ -142,55 +138,11 @@ def dry_run(bench: Benchmark, run_dir: Path) -> dict[str, Any]:
     return out
 
 
-class PeerMetrics(Callback):
-    """One metrics.jsonl row per step, vlmtrain's keys: it reads the counters and the clock, and changes nothing."""
-
-    def __init__(self, run: RunConfig, counters: StepCounters):
-        self.run, self.counters, self.t0 = run, counters, 0.0
-        self.path = Path(run.output_dir) / "metrics.jsonl"
-
-    def on_train_step_start(self, context: Any) -> None:
-        import torch
-
-        torch.cuda.synchronize()
-        self.t0 = time.perf_counter()
-
-    def on_train_step_end(self, context: Any) -> None:
-        import torch
-
-        from vlmtrain.observe import flops
-        from vlmtrain.observe.metrics_callback import loss_values, step_rates
-
-        torch.cuda.synchronize()
-        step_s = time.perf_counter() - self.t0
-        fl = flops.step_flops(self.run, self.counters.samples)
-        row: dict[str, Any] = {"step": context.state.train_state.step, "step_s": step_s,
-                               "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30, **self.counters.totals,
-                               **step_rates(self.run, self.counters.totals, fl, step_s, 1),
-                               **loss_values(context.loss_dict)}
-        self.counters.reset()
-        run_summary.append_jsonl(self.path, row)
-
-
-def rank_main(bench: Benchmark, run_dir: Path) -> int:
-    """The one torchrun rank: the recipe's container through Bridge's pretrain() and the recipe's forward step."""
-    from megatron.bridge.models.qwen_vl.qwen3_vl_step import forward_step
-    from megatron.bridge.training.pretrain import pretrain
-
-    from vlmtrain.train import trainer
-    from vlmtrain.train.step_counters import StepCounters
-
-    run = bench_run(bench, run_dir)
-    cfg = recipe_config(bench, run)
-    trainer.use_prebuilt_dataset_helpers()  # the core wheel ships the helpers built but no Makefile (STACK.md)
-    counters = StepCounters(run, resolve(run), nullcontext)
-    pretrain(cfg, counters.wrap(forward_step), callbacks=[PeerMetrics(run, counters)])
-    return 0
-
-
 def command(bench: Benchmark, run_dir: Path, port: int) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=1", "--nnodes=1", "--master-port",
-            str(port), "-m", MODULE, BENCH_FLAG, bench.name, RANK_FLAG, str(run_dir)]
+    """The run's one rank (vlmtrain.lab.bridge_recipe_rank) through torchrun, as a training run's ranks start."""
+    from vlmtrain.launch import local
+
+    return local.torchrun(RANK_MODULE, [bench.name, str(run_dir)], 1, 1, port)
 
 
 def run_once(bench: Benchmark, i: int, machine_run: str, out: Path, results_path: Path) -> dict[str, Any] | None:
@@ -225,11 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--results", type=Path, default=ROOT / "results" / "perf_h200.jsonl")
     ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "bridge_recipe")
     ap.add_argument("--budget-s", type=float, default=None, help="start no run that would end after this many s")
-    ap.add_argument(RANK_FLAG, type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     bench = BENCHMARKS[args.benchmark]
-    if args.rank:
-        return rank_main(bench, args.rank)
     if args.dry_run:
         dry_run(bench, args.out / f"dry-run-{bench.name}")
         return 0

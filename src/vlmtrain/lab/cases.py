@@ -38,6 +38,27 @@ TINY_QWEN35 = ["model=tiny_qwen35"]
 SHAPE_235B = ["model=qwen3_vl_235b_a22b", "model.num_layers=1", "model.vit.deepstack_indexes=[8]", "data=realistic"]
 
 
+INPUTS = "{inputs}"
+"""Placeholder in a case's overrides for the folder `export_inputs` writes the real-file datasets into."""
+EXPORTS = {"jsonl": 0, "parquet": 0, "hf": 0, "energon": 0, "parquet_bad": 2}
+"""Folder under INPUTS -> its corrupt images (the format is the folder name's first part)."""
+
+
+def export_inputs(inputs: Path) -> None:
+    """The shipped sample photos in each file format a case reads (what `vlmtrain data export` writes), each folder
+    once."""
+    from vlmtrain.data.export import export
+
+    for folder, corrupt in EXPORTS.items():
+        if not (inputs / folder).exists():
+            export(folder.split("_")[0], inputs / folder, corrupt=corrupt)
+
+
+def with_inputs(overrides: list[str], inputs: Path) -> list[str]:
+    """The overrides with INPUTS replaced by the folder."""
+    return [o.replace(INPUTS, str(inputs)) for o in overrides]
+
+
 def steps(iterations: int, global_batch_size: int = 8) -> list[str]:
     """A baseline's length: train.iterations and train.global_batch_size."""
     return [f"train.iterations={iterations}", f"train.global_batch_size={global_batch_size}"]

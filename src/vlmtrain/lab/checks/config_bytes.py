@@ -16,15 +16,13 @@ from __future__ import annotations
 import argparse
 import hashlib
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 from vlmtrain.lab import cases, runner
-from vlmtrain.lab.runner import ROOT, TRAIN_PY
+from vlmtrain.lab.cases import INPUTS
+from vlmtrain.lab.runner import ROOT
 
-INPUTS = "{inputs}"
-"""Placeholder in overrides for DIR/inputs, where the exported datasets go."""
 CASES: dict[str, list[str]] = {
     "tiny_defaults": cases.TINY,
     "tiny_3d_fast_selective_graph": [*cases.TINY, "parallelism=3d", "kernels=fast", "recompute=selective",
@@ -49,15 +47,6 @@ CASES: dict[str, list[str]] = {
     "experiment_tune_h1": ["experiment=tune_h1"],
 }
 BINS_FILE = re.compile(r"^(\s*bins_file: )(\S+)$", re.M)
-EXPORTS = {"jsonl": "jsonl", "parquet": "parquet", "hf": "hf", "energon": "energon"}
-
-
-def export_inputs(inputs: Path) -> None:
-    """The shipped sample photos in each file format a case reads (vlmtrain data export)."""
-    for fmt, folder in EXPORTS.items():
-        if not (inputs / folder).exists():
-            subprocess.run([sys.executable, "-m", "vlmtrain.cli", "data", "export", "--format", fmt, "--out",
-                            str(inputs / folder)], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
 
 
 def normalized(text: str, run_dir: Path, checkout: Path, inputs: Path) -> str:
@@ -73,17 +62,15 @@ def write(out: Path, only: list[str] | None = None, checkout: Path = ROOT, input
     the packed cases' bins cache key holds the data files' modification times."""
     out.mkdir(parents=True, exist_ok=True)
     inputs = inputs or out / "inputs"
-    export_inputs(inputs)
+    cases.export_inputs(inputs)
     failed = []
     for name, overrides in CASES.items():
         if only and name not in only:
             continue
         run_dir = out / "runs" / name
-        args = [o.replace(INPUTS, str(inputs)) for o in overrides]
-        cmd = [sys.executable, str(checkout / TRAIN_PY.name), *args, "dry_run=true", "wandb.enabled=false",
-               f"hydra.run.dir={run_dir}"]
-        run = runner.spawn(cmd, run_dir, log=out / "logs" / f"{name}.log", env={"PYTHONPATH": str(checkout / "src")},
-                           cwd=checkout, fresh=True)
+        run = runner.start([*cases.with_inputs(overrides, inputs), "dry_run=true", "wandb.enabled=false"], run_dir,
+                           log=out / "logs" / f"{name}.log", env={"PYTHONPATH": str(checkout / "src")},
+                           checkout=checkout, fresh=True)
         rc, yaml = run.wait(), run_dir / "bridge_config.yaml"
         if rc != 0 or not yaml.is_file():
             failed.append(name)

@@ -44,7 +44,7 @@ import os
 import sys
 from pathlib import Path
 
-from vlmtrain.lab import cases, store
+from vlmtrain.lab import cases, runner, store
 from vlmtrain.lab.checks import packing_harness as harness
 from vlmtrain.lab.runner import ROOT
 
@@ -62,6 +62,8 @@ BASE = [
     "+bridge.ddp.overlap_grad_reduce=false",
     "+bridge.ddp.overlap_param_gather=false",
 ]
+LOG = "equivalence.log"
+"""The rank's output, in the case's run dir."""
 CASES: dict[str, list[str]] = {
     "tiny_kernels-default": cases.TINY,
     "tiny_kernels-fast": [*cases.TINY, "kernels=fast"],
@@ -82,7 +84,6 @@ def run_cases(only: list[str] | None, results_path: Path, commit: str) -> int:
     from vlmtrain.config.compose import compose
     from vlmtrain.config.resolve import resolve
     from vlmtrain.data import prepare
-    from vlmtrain.launch import local
 
     failed = 0
     for name, overrides in CASES.items():
@@ -93,7 +94,10 @@ def run_cases(only: list[str] | None, results_path: Path, commit: str) -> int:
         res = resolve(run)
         preflight.enforce(run, res)
         prepare.prepare(run, res)
-        rc = local.launch(run, res, module=harness.__name__, log="equivalence.log")
+        ranks = runner.start_ranks(run, res, harness.__name__, log=run_dir / LOG)
+        rc = ranks.wait()
+        if rc:
+            print(ranks.log.read_text(errors="replace")[-4000:], flush=True)
         out = json.loads((run_dir / harness.RESULT).read_text()) if (run_dir / harness.RESULT).exists() else {}
         command = "python -m vlmtrain.lab.checks.packing_equivalence --only " + name
         store.append(results_path, f"packing-equivalence_{name}", command, {"rc": rc, **out.get("metrics", {})},

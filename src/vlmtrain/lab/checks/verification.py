@@ -35,7 +35,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -108,11 +107,9 @@ def loss_check(ref: dict[int, float], got: dict[int, float], checkpoint_step: in
 
 
 def python(args: list[str], log: Path, gpu: int) -> int:
-    """A `python -m ...` step in a process of its own (its own CUDA context and process group), logged to `log`."""
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)}
-    with log.open("wb") as out:
-        return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, env=env, stdout=out,
-                              stderr=subprocess.STDOUT, timeout=TIMEOUT_S).returncode
+    """A `python -m ...` step in a process of its own (its own CUDA context and process group), logged to `log`;
+    past TIMEOUT_S its tree is killed and its status is -9."""
+    return runner.spawn([sys.executable, "-m", *args], log.parent, log=log, gpus=[gpu], timeout_s=TIMEOUT_S).wait()
 
 
 def parity(work: Path, name: str, reference: Path, option: str, gpu: int, hf: Path | None = None,
