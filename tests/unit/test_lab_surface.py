@@ -1,17 +1,45 @@
-"""The lab's one way of doing each thing, read from its source: the torchrun command has one writer, and every
-process the lab starts goes through vlmtrain.lab.runner."""
+"""The lab's one way of doing each thing, read from its source: one case type, the torchrun command written once,
+and every process the lab starts going through vlmtrain.lab.runner."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-SRC = Path(__file__).resolve().parents[2] / "src" / "vlmtrain"
+ROOT = Path(__file__).resolve().parents[2]
+SRC = ROOT / "src" / "vlmtrain"
 LAB = SRC / "lab"
 
 
 def trees(folder: Path) -> dict[str, ast.Module]:
-    return {str(p.relative_to(SRC.parent)): ast.parse(p.read_text()) for p in sorted(folder.rglob("*.py"))}
+    """Every module under `folder`, parsed, by its path under src/ (or the checkout, for the tests)."""
+    base = SRC.parent if folder.is_relative_to(SRC.parent) else ROOT
+    return {str(p.relative_to(base)): ast.parse(p.read_text()) for p in sorted(folder.rglob("*.py"))}
+
+
+def fields(cls: ast.ClassDef) -> set[str]:
+    return {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+
+
+def test_every_named_run_is_one_case_type() -> None:
+    """No class but vlmtrain.lab.cases.Case, in the lab or the tests, is a *Case or carries a run's overrides: a
+    spec's cases, tune's candidates, the preemption sizes, the acceptance suite, packing equivalence, the precision
+    recipes, Bridge's peers and the config bytes cases are Cases, and what needs more holds one."""
+    from vlmtrain.lab.bridge_benchmarks import H1
+    from vlmtrain.lab.cases import Case
+    from vlmtrain.lab.checks import acceptance, config_bytes, packing_equivalence, precision_parity, slurm_preempt
+    from vlmtrain.lab.spec import load
+    from vlmtrain.lab.tune import space
+
+    others = [f"{name}:{node.name}" for name, tree in {**trees(LAB), **trees(ROOT / "tests")}.items()
+              for node in ast.walk(tree) if isinstance(node, ast.ClassDef)
+              and (node.name.endswith("Case") or "overrides" in fields(node))
+              and (name, node.name) != ("vlmtrain/lab/cases.py", "Case")]
+    assert others == []
+    named = [*acceptance.CASES, *config_bytes.CASES, *packing_equivalence.CASES, *precision_parity.RECIPES,
+             *slurm_preempt.CASES.values(), H1.run, load("perf_h200").case({})]
+    assert all(type(c) is Case for c in named)
+    assert space.Candidate.__dataclass_fields__["case"].type == "Case"
 
 
 def test_the_torchrun_command_has_one_writer() -> None:
@@ -28,7 +56,7 @@ def test_the_torchrun_command_has_one_writer() -> None:
     assert writers == ["vlmtrain/launch/local.py"]
     assert overhead.direct_command(P("c.yaml"), 2, "29500") == local.torchrun(overhead.BRIDGE_ALONE, ["c.yaml"], 2, 1,
                                                                              "29500")
-    assert bridge_recipe.command(H1, P("r"), 1)[:-2] == local.torchrun(bridge_recipe.RANK_MODULE, [], 1, 1, 1)
+    assert bridge_recipe.command(H1, P("r"), 1)[:-2] == local.torchrun(H1.run.module, [], 1, 1, 1)
 
 
 def test_every_process_the_lab_starts_goes_through_the_runner() -> None:

@@ -50,7 +50,7 @@ def composed(overrides: list[str]) -> dict[str, Any]:
     return tree
 
 
-def case_overrides(case: spec.SpecCase) -> list[str]:
+def case_overrides(case: run_cases.Case) -> list[str]:
     return run_cases.overrides(sweep.as_run_case(PERF, case, PERF.get("iterations")))
 
 

@@ -36,7 +36,6 @@ if TYPE_CHECKING:
     from vlmtrain.config.schema import RunConfig
 
 BENCH_FLAG = "--benchmark"
-RANK_MODULE = "vlmtrain.lab.bridge_recipe_rank"
 ENTRY = "python -m vlmtrain.lab.bridge_recipe"
 """What each run's row names as its command."""
 
@@ -45,7 +44,7 @@ def bench_run(bench: Benchmark, run_dir: Path) -> RunConfig:
     """vlmtrain's description of the benchmark (its data, processor, FLOPs and peak), in `run_dir`."""
     from vlmtrain.config.compose import compose
 
-    return compose(list(bench.overrides), output_dir=str(run_dir))
+    return compose(bench.run.overrides, output_dir=str(run_dir))
 
 
 @contextmanager
@@ -77,7 +76,8 @@ def shipped(bench: Benchmark, run: RunConfig) -> ConfigContainer:
 
     module_name, function = bench.recipe.rsplit(".", 1)
     recipes = importlib.import_module(module_name)
-    published = compose([o for o in bench.overrides if not o.startswith("model.num_layers=")]).model  # as on the hub
+    # the model as on the hub: its published depth
+    published = compose([o for o in bench.run.overrides if not o.startswith("model.num_layers=")]).model
     hf = model.hf_config(published, vision_token_ids(prepare.processor_dir(run)))
     # the recipe reads GPU 0's properties (apply_flex_dispatcher_backend): a dry run presents the declared H200's
     with offline_hub(recipes, hf), target.declared_target(run, resolve(run)):
@@ -139,10 +139,10 @@ def dry_run(bench: Benchmark, run_dir: Path) -> dict[str, Any]:
 
 
 def command(bench: Benchmark, run_dir: Path, port: int) -> list[str]:
-    """The run's one rank (vlmtrain.lab.bridge_recipe_rank) through torchrun, as a training run's ranks start."""
+    """The peer's rank (vlmtrain.lab.bridge_recipe_rank) through torchrun, as a training run's ranks start."""
     from vlmtrain.launch import local
 
-    return local.torchrun(RANK_MODULE, [bench.name, str(run_dir)], 1, 1, port)
+    return local.torchrun(bench.run.module, [bench.name, str(run_dir)], bench.run.gpus, 1, port)
 
 
 def run_once(bench: Benchmark, i: int, machine_run: str, out: Path, results_path: Path) -> dict[str, Any] | None:
@@ -163,8 +163,8 @@ def run_once(bench: Benchmark, i: int, machine_run: str, out: Path, results_path
     if rc != 0 or "useful_tokens_per_s_per_gpu" not in summary:
         print((run_dir / "train.log").read_text()[-4000:], flush=True)
         return None
-    return store.append(results_path, bench.case, ENTRY, summary, machine_run=machine_run, run=i, wall_s=wall,
-                        recipe=bench.recipe, changes=bench.all_changes(), config=list(bench.overrides))
+    return store.append(results_path, bench.run.name, ENTRY, summary, machine_run=machine_run, run=i, wall_s=wall,
+                        recipe=bench.recipe, changes=bench.all_changes(), config=list(bench.run.overrides))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         dry_run(bench, args.out / f"dry-run-{bench.name}")
         return 0
     machine_run = store.machine_run()
-    have = repeats.done(args.results, bench.case, machine_run)
+    have = repeats.done(args.results, bench.run.name, machine_run)
     print(f"[bridge-recipe] {have} of {args.repeats} runs recorded on {machine_run}", flush=True)
     t0, walls = time.monotonic(), []
     for i in range(have, args.repeats):
@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         walls.append(time.monotonic() - started)
     if have < args.repeats:
-        repeats.append_summary(args.results, bench.case, machine_run,
+        repeats.append_summary(args.results, bench.run.name, machine_run,
                                f"{ENTRY} {BENCH_FLAG} {bench.name} --repeats {args.repeats}")
     return 0
 

@@ -66,11 +66,33 @@ def steps(iterations: int, global_batch_size: int = 8) -> list[str]:
 
 @dataclass
 class Case:
-    """A named `python train.py` run: its overrides and the GPUs it holds."""
+    """A named run of the lab: `python train.py <overrides>` on `gpus` GPUs (or, with `module`, that module in each
+    rank), and what it must end with. A spec's cases, tune's candidates, the preemption check's sizes, the acceptance
+    suite, packing equivalence and the verification runs are all Cases; what an experiment needs beside one holds
+    one (a tune candidate: its pruning)."""
 
     name: str
-    gpus: int
+    gpus: int = 1
     overrides: list[str] = field(default_factory=list)
+    values: dict[str, Any] = field(default_factory=dict)
+    """The spec's knob values the case was made from (vlmtrain.lab.spec: a search's next stage varies them)."""
+    module: str | None = None
+    """What each torchrun rank runs on the case's saved run config instead of training (runner.start_ranks: a
+    check's own rank); None: `python train.py`."""
+    multirun: bool = False
+    """`python train.py -m`: its overrides are a sweep, run in a sweep dir of its own."""
+    exclusive: bool = False
+    """Runs with no other case beside it on its GPUs (a large model); other cases run side by side where they fit."""
+    interrupt_after: int | None = None
+    """The logged step after which a check interrupts the run (a kill, a preemption signal)."""
+    expect_rc: int = 0
+    expect: dict[str, Any] = field(default_factory=dict)
+    """What else its run must show (the acceptance suite's verdict: skipped_samples, message, sweep_jobs,
+    max_first_step_s)."""
+
+    def setting(self, key: str) -> str | None:
+        """The value the overrides give `key` (the last one, as Hydra takes it); None where they give none."""
+        return next((o.split("=", 1)[1] for o in reversed(self.overrides) if o.split("=", 1)[0] == key), None)
 
 
 TINY_12 = [*TINY, *steps(12)]

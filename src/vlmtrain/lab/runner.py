@@ -174,9 +174,9 @@ def start(overrides: Sequence[str], run_dir: Path, *, multirun: bool = False, su
 def start_ranks(run: RunConfig, res: Resolved, module: str, *, log: Path | None = None,
                 gpus: Sequence[int] | None = None, timeout_s: float | None = None) -> Run:
     """The ranks of a composed and resolved run, launched as `python train.py` launches them (its saved run config,
-    torchrun, the resolved env vars unless set, a free MASTER_PORT), each running `module` on the saved config
-    instead of vlmtrain.worker; the run dir is the run's output_dir. The caller has run preflight and the data scan,
-    as vlmtrain.flow does before it launches."""
+    torchrun, the resolved env vars unless set, a free MASTER_PORT), each running `module` (a Case's) on the saved
+    config instead of vlmtrain.worker; the run dir is the run's output_dir. The caller has run preflight and the
+    data scan, as vlmtrain.flow does before it launches."""
     from vlmtrain.launch import local
 
     path, lay, port = local.save_run_config(run, res), res.layout, free_port()

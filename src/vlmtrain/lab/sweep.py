@@ -16,6 +16,7 @@ median and min-max (vlmtrain.lab.repeats).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -23,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from vlmtrain.lab import cases as run_cases
 from vlmtrain.lab import repeats, store, sweep_report
-from vlmtrain.lab.cases import ROOT
-from vlmtrain.lab.spec import Spec, SpecCase
+from vlmtrain.lab.cases import ROOT, Case
+from vlmtrain.lab.spec import Spec
 from vlmtrain.lab.tune import trials
 
 if TYPE_CHECKING:
@@ -32,13 +33,13 @@ if TYPE_CHECKING:
     from vlmtrain.config.schema import RunConfig
 
 
-def as_run_case(spec: Spec, case: SpecCase, iterations: int) -> run_cases.Case:
-    """The case as benchmark rows record it: every override of `python train.py`, the GPUs it holds."""
-    return run_cases.Case(case.name, int(spec.get("gpus", 1)),
-                          [*spec.base, *case.overrides, f"train.iterations={iterations}"])
+def as_run_case(spec: Spec, case: Case, iterations: int) -> Case:
+    """The case as benchmark rows record it: every override of `python train.py` (the spec's base, the knobs'
+    overrides, the iterations)."""
+    return dataclasses.replace(case, overrides=[*spec.base, *case.overrides, f"train.iterations={iterations}"])
 
 
-def composed(spec: Spec, case: SpecCase, **compose_kw: str) -> tuple[RunConfig, Resolved]:
+def composed(spec: Spec, case: Case, **compose_kw: str) -> tuple[RunConfig, Resolved]:
     """The case as `python train.py <case> dry_run=true` composes it, placed on its declared world and resolved."""
     from vlmtrain.check.defaults import placed
     from vlmtrain.config.compose import compose
@@ -47,7 +48,7 @@ def composed(spec: Spec, case: SpecCase, **compose_kw: str) -> tuple[RunConfig, 
     return run, placed(run, node_gpus=0)[1]  # a dry run: the declared world, whatever this node has
 
 
-def table(spec: Spec, cases: list[SpecCase], status: dict[str, str] | None = None) -> str:
+def table(spec: Spec, cases: list[Case], status: dict[str, str] | None = None) -> str:
     """One line per case: the layout and the batch arithmetic (config.resolve's grad-accum)."""
     w = max(len(c.name) for c in cases)
     lines = [f"{'case':<{w}}  {'layout':<12} {'MBS':>3} {'accum':>5}  status"]
@@ -59,7 +60,7 @@ def table(spec: Spec, cases: list[SpecCase], status: dict[str, str] | None = Non
     return "\n".join(lines)
 
 
-def dry_run(spec: Spec, cases: list[SpecCase], out: Path) -> dict[str, str]:
+def dry_run(spec: Spec, cases: list[Case], out: Path) -> dict[str, str]:
     """What `python train.py <case> dry_run=true` does (preflight, build, Bridge's runtime_config_update for the
     declared world), in this one process so Bridge is imported once."""
     from vlmtrain.build import plan
@@ -91,7 +92,7 @@ def mock_ratio_row(spec: Spec, ran: set[str], results_path: Path, command: str) 
                           config={"real": real["config"], "mock": mock["config"]})
 
 
-def run_case(spec: Spec, case: SpecCase, args: argparse.Namespace, trial_dir: Path | None = None,
+def run_case(spec: Spec, case: Case, args: argparse.Namespace, trial_dir: Path | None = None,
              **extra: Any) -> dict[str, Any] | None:
     """One case through the trial runner (no early stopping: every case is measured), its row appended."""
     rc_case = as_run_case(spec, case, args.iterations)
@@ -103,7 +104,7 @@ def run_case(spec: Spec, case: SpecCase, args: argparse.Namespace, trial_dir: Pa
                             config=run_cases.overrides(rc_case), runner=args.runner, **extra)
 
 
-def pending(cases: list[SpecCase], args: argparse.Namespace, machine_run: str) -> list[tuple[SpecCase, int]]:
+def pending(cases: list[Case], args: argparse.Namespace, machine_run: str) -> list[tuple[Case, int]]:
     """(case, run number) still to run on this machine run: each case's runs up to --repeats, the recorded ones left
     out. Runs alternate between cases (every case's run 1, then run 2, ...): drift on the machine run touches each
     case alike, and a budget cut leaves every case with about as many runs."""

@@ -20,32 +20,36 @@ import sys
 from pathlib import Path
 
 from vlmtrain.lab import cases, runner
-from vlmtrain.lab.cases import INPUTS
+from vlmtrain.lab.cases import INPUTS, Case
 from vlmtrain.lab.runner import ROOT
 
-CASES: dict[str, list[str]] = {
-    "tiny_defaults": cases.TINY,
-    "tiny_3d_fast_selective_graph": [*cases.TINY, "parallelism=3d", "kernels=fast", "recompute=selective",
-                                     "cuda_graph=moe_router_preprocess", "dispatcher=alltoall", "hardware=h100"],
-    "tiny_jsonl_frozen": [*cases.TINY, "data=jsonl", f"data.path={INPUTS}/jsonl/data.jsonl", "vision=frozen"],
-    "tiny_parquet_full_recompute": [*cases.TINY, "data=parquet", f"data.path={INPUTS}/parquet/data.parquet",
-                                    "recompute=full", "vision=frozen_with_projector"],
-    "tiny_hf": [*cases.TINY, "data=hf", f"data.path={INPUTS}/hf"],
-    "tiny_jsonl_packed": [*cases.TINY, "data=jsonl", f"data.path={INPUTS}/jsonl/data.jsonl", "data.packing=2048",
-                          "train.micro_batch_size=1"],
-    "tiny_energon": [*cases.TINY, "data=energon", f"data.path={INPUTS}/energon"],
-    "30b_l4_realistic_fp8_3d": [*cases.SHAPE_30B, "precision=fp8", "parallelism=3d", "gpus_per_node=2"],
-    "35b_l4_mock_b200_mxfp8": ["model=qwen35_vl_35b_a3b", "model.num_layers=4", "data=mock", "hardware=b200",
-                               "precision=mxfp8", "dispatcher=deepep", "gpus_per_node=8",
-                               "cuda_graph=attn_moe_router_preprocess"],
-    "235b_l3_gb200_nvfp4_hybridep": ["model=qwen3_vl_235b_a22b", "model.num_layers=3", "hardware=gb200",
-                                     "precision=nvfp4", "dispatcher=hybridep", "nodes=2", "data=mock"],
-    "experiment_perf_h200_best": ["experiment=perf_h200_best"],
-    "experiment_perf_h200x2_best": ["experiment=perf_h200x2_best"],
-    "experiment_fsdp_first_gb200": ["experiment=fsdp_first_gb200"],
-    "experiment_3d_gb200": ["experiment=3d_gb200"],
-    "experiment_tune_h1": ["experiment=tune_h1"],
-}
+CASES = [
+    Case("tiny_defaults", overrides=cases.TINY),
+    Case("tiny_3d_fast_selective_graph", overrides=[*cases.TINY, "parallelism=3d", "kernels=fast",
+                                                    "recompute=selective", "cuda_graph=moe_router_preprocess",
+                                                    "dispatcher=alltoall", "hardware=h100"]),
+    Case("tiny_jsonl_frozen", overrides=[*cases.TINY, "data=jsonl", f"data.path={INPUTS}/jsonl/data.jsonl",
+                                         "vision=frozen"]),
+    Case("tiny_parquet_full_recompute", overrides=[*cases.TINY, "data=parquet",
+                                                   f"data.path={INPUTS}/parquet/data.parquet", "recompute=full",
+                                                   "vision=frozen_with_projector"]),
+    Case("tiny_hf", overrides=[*cases.TINY, "data=hf", f"data.path={INPUTS}/hf"]),
+    Case("tiny_jsonl_packed", overrides=[*cases.TINY, "data=jsonl", f"data.path={INPUTS}/jsonl/data.jsonl",
+                                         "data.packing=2048", "train.micro_batch_size=1"]),
+    Case("tiny_energon", overrides=[*cases.TINY, "data=energon", f"data.path={INPUTS}/energon"]),
+    Case("30b_l4_realistic_fp8_3d", 2, [*cases.SHAPE_30B, "precision=fp8", "parallelism=3d", "gpus_per_node=2"]),
+    Case("35b_l4_mock_b200_mxfp8", 8, ["model=qwen35_vl_35b_a3b", "model.num_layers=4", "data=mock", "hardware=b200",
+                                       "precision=mxfp8", "dispatcher=deepep", "gpus_per_node=8",
+                                       "cuda_graph=attn_moe_router_preprocess"]),
+    Case("235b_l3_gb200_nvfp4_hybridep", 8, ["model=qwen3_vl_235b_a22b", "model.num_layers=3", "hardware=gb200",
+                                             "precision=nvfp4", "dispatcher=hybridep", "nodes=2", "data=mock"]),
+    Case("experiment_perf_h200_best", overrides=["experiment=perf_h200_best"]),
+    Case("experiment_perf_h200x2_best", overrides=["experiment=perf_h200x2_best"]),
+    Case("experiment_fsdp_first_gb200", overrides=["experiment=fsdp_first_gb200"]),
+    Case("experiment_3d_gb200", overrides=["experiment=3d_gb200"]),
+    Case("experiment_tune_h1", overrides=["experiment=tune_h1"]),
+]
+"""Dry runs: each on the world its overrides declare (`gpus` says so where they name one)."""
 BINS_FILE = re.compile(r"^(\s*bins_file: )(\S+)$", re.M)
 
 
@@ -64,11 +68,11 @@ def write(out: Path, only: list[str] | None = None, checkout: Path = ROOT, input
     inputs = inputs or out / "inputs"
     cases.export_inputs(inputs)
     failed = []
-    for name, overrides in CASES.items():
-        if only and name not in only:
+    for case in CASES:
+        if only and case.name not in only:
             continue
-        run_dir = out / "runs" / name
-        run = runner.start([*cases.with_inputs(overrides, inputs), "dry_run=true", "wandb.enabled=false"], run_dir,
+        name, run_dir = case.name, out / "runs" / case.name
+        run = runner.start([*cases.with_inputs(case.overrides, inputs), "dry_run=true", "wandb.enabled=false"], run_dir,
                            log=out / "logs" / f"{name}.log", env={"PYTHONPATH": str(checkout / "src")},
                            checkout=checkout, fresh=True)
         rc, yaml = run.wait(), run_dir / "bridge_config.yaml"
@@ -83,7 +87,7 @@ def write(out: Path, only: list[str] | None = None, checkout: Path = ROOT, input
 
 def compare(before: Path, after: Path) -> int:
     differ = []
-    for name in CASES:
+    for name in (c.name for c in CASES):
         a, b = before / f"{name}.yaml", after / f"{name}.yaml"
         same = a.is_file() and b.is_file() and a.read_bytes() == b.read_bytes()
         print(f"[config-bytes] {name}: {'identical' if same else 'DIFFERENT or missing'}")
@@ -96,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="command", required=True)
     w = sub.add_parser("write")
     w.add_argument("out", type=Path)
-    w.add_argument("--only", nargs="*", choices=list(CASES))
+    w.add_argument("--only", nargs="*", choices=[c.name for c in CASES])
     w.add_argument("--checkout", type=Path, default=ROOT, help="the checkout whose train.py runs (default: this one)")
     w.add_argument("--inputs", type=Path, help="the exported datasets' folder (default: OUT/inputs)")
     c = sub.add_parser("compare")

@@ -24,15 +24,17 @@ import sys
 from pathlib import Path
 
 from vlmtrain.lab import cases, repeats, runner, store
+from vlmtrain.lab.cases import Case
 from vlmtrain.lab.runner import ROOT
 from vlmtrain.observe import run_summary
 
 OUT = ROOT / "outputs" / "precision"
 BASE = [*cases.SHAPE_30B, "train.micro_batch_size=1", "train.global_batch_size=1", "gpus_per_node=1",
         "wandb.enabled=false"]
-RECIPES = {"bf16": ["precision=bf16"], "fp8-tensorwise": ["precision=fp8"],
-           "fp8-blockwise": ["precision=fp8", "precision.scaling=blockwise"],
-           "fp8-delayed": ["precision=fp8", "precision.scaling=delayed"]}
+RECIPES = [Case("bf16", 1, [*BASE, "precision=bf16"]), Case("fp8-tensorwise", 1, [*BASE, "precision=fp8"]),
+           Case("fp8-blockwise", 1, [*BASE, "precision=fp8", "precision.scaling=blockwise"]),
+           Case("fp8-delayed", 1, [*BASE, "precision=fp8", "precision.scaling=delayed"])]
+"""One case per recipe, named by it; a run adds its mode's iterations."""
 STEPS = {"parity": 100, "speed": 10}
 PARITY_WINDOW = 10
 """Steps in the moving average the loss curves are compared after (single-sample steps are noisy)."""
@@ -48,7 +50,7 @@ def next_index(mode: str, recipe: str) -> int:
 
 def run_case(mode: str, recipe: str) -> dict[str, object]:
     i = next_index(mode, recipe)
-    overrides = [*BASE, *RECIPES[recipe], f"train.iterations={STEPS[mode]}"]
+    overrides = [*next(c for c in RECIPES if c.name == recipe).overrides, f"train.iterations={STEPS[mode]}"]
     run = runner.start(overrides, OUT / store.machine_run() / mode / f"{recipe}-{i}")
     rc = run.wait()
     meta = {"mode": mode, "recipe": recipe, "i": i, "rc": rc, "wall_s": round(run.wall_s(), 1),
@@ -136,7 +138,7 @@ def speed(timed: list[dict], bf16: list[dict]) -> dict[str, object]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("mode", choices=["parity", "speed", "summarize"])
-    ap.add_argument("--only", nargs="*", default=list(RECIPES))
+    ap.add_argument("--only", nargs="*", default=[c.name for c in RECIPES])
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--machine-run", nargs="*", help="summarize: write rows for these machine runs only")
     ap.add_argument("--summaries-only", action="store_true", help="summarize: no per-run rows")

@@ -43,6 +43,7 @@ from typing import Any
 
 from vlmtrain.config.groups.model import Family
 from vlmtrain.lab import runner, store
+from vlmtrain.lab.cases import Case
 from vlmtrain.lab.checks import resume, tiny_hf
 from vlmtrain.lab.runner import ROOT
 
@@ -154,22 +155,33 @@ def family_checks(family: str, work: Path, gpu: int, emit, checks: tuple[str, ..
     option = tiny_hf.OPTIONS[Family(family)]
     hf = tiny_hf.build(family, work / "hf", num_layers=LAYERS)
     model = [f"model={option}", f"model.num_layers={LAYERS}", f"model.hf_path={hf}", "vision=frozen"]
-    need = needed(checks)
+    need, runs = needed(checks), training(work, model)
     if "parity_import" in checks:
         emit("parity_import", *parity(work, "parity_import", hf, option, gpu))
     if need["a"]:
-        checks_3d(work, hf, option, model, gpu, emit, checks)
+        checks_3d(work, hf, option, runs, gpu, emit, checks)
     if need["c"]:
-        checks_fsdp(work, hf, model, gpu, emit, checks)
+        checks_fsdp(work, hf, runs["c"], gpu, emit, checks)
 
 
-def checks_3d(work: Path, hf: Path, option: str, model: list[str], gpu: int, emit, checks: tuple[str, ...]) -> None:
+def training(work: Path, model: list[str]) -> dict[str, Case]:
+    """The family's training runs, each with its own checkpoint dir: A (3d, STEPS steps, a checkpoint every
+    SAVE_INTERVAL), B (A's training, killed after it logged step KILL_AFTER, then relaunched) and C (fsdp,
+    SAVE_INTERVAL steps)."""
+    def run(name: str, parallelism: str, iterations: int, **kw: Any) -> Case:
+        return Case(name, 1, resume.overrides(parallelism, work / f"ckpt_{name}", iterations=iterations,
+                                              save_interval=SAVE_INTERVAL, model=model), **kw)
+
+    return {"a": run("a", "3d", STEPS), "b": run("b", "3d", STEPS, interrupt_after=KILL_AFTER),
+            "c": run("c", "fsdp", SAVE_INTERVAL)}
+
+
+def checks_3d(work: Path, hf: Path, option: str, runs: dict[str, Case], gpu: int, emit,
+              checks: tuple[str, ...]) -> None:
     """Steps 3-7: runs A and B (resume), export, reload, frozen, parity of the trained model."""
-    need = needed(checks)
-    a_args = resume.overrides("3d", work / "ckpt_a", iterations=STEPS, save_interval=SAVE_INTERVAL, model=model)
-    b_args = resume.overrides("3d", work / "ckpt_b", iterations=STEPS, save_interval=SAVE_INTERVAL, model=model)
+    need, a_args, b_args = needed(checks), runs["a"].overrides, runs["b"].overrides
     run_a = resume.launch(a_args, work / "a", gpu)  # B runs beside A
-    b = kill_and_resume(b_args, work, gpu) if need["b"] else None
+    b = kill_and_resume(runs["b"], work, gpu) if need["b"] else None
     rc_a = run_a.wait()
     if b is not None:
         checked = loss_check(resume.losses(work / "a"), resume.losses(work / "b_resumed"), b["checkpoint_step"])
@@ -188,19 +200,18 @@ def checks_3d(work: Path, hf: Path, option: str, model: list[str], gpu: int, emi
         emit("parity_trained", *parity(work, "parity_trained", export, option, gpu, hf=hf, megatron=last))
 
 
-def kill_and_resume(b_args: list[str], work: Path, gpu: int) -> dict[str, Any]:
-    """Run B: killed once it has checkpointed and logged step KILL_AFTER, then relaunched unchanged."""
-    killed_at = resume.kill_after(resume.launch(b_args, work / "b_killed", gpu), work / "ckpt_b", work / "b_killed",
-                                  KILL_AFTER)
+def kill_and_resume(b: Case, work: Path, gpu: int) -> dict[str, Any]:
+    """Run B: killed once it has checkpointed and logged step `interrupt_after`, then relaunched unchanged."""
+    killed_at = resume.kill_after(resume.launch(b.overrides, work / "b_killed", gpu), work / "ckpt_b",
+                                  work / "b_killed", b.interrupt_after or 0)
     checkpoint_step = resume.tracker(work / "ckpt_b")
     return {"killed_after_step": killed_at, "checkpoint_step": checkpoint_step,
-            "rc_resumed": resume.launch(b_args, work / "b_resumed", gpu).wait()}
+            "rc_resumed": resume.launch(b.overrides, work / "b_resumed", gpu).wait()}
 
 
-def checks_fsdp(work: Path, hf: Path, model: list[str], gpu: int, emit, checks: tuple[str, ...]) -> None:
+def checks_fsdp(work: Path, hf: Path, c: Case, gpu: int, emit, checks: tuple[str, ...]) -> None:
     """Step 8: run C on Megatron-FSDP, then export, reload and frozen on its fsdp_dtensor checkpoint."""
-    c_args = resume.overrides("fsdp", work / "ckpt_c", iterations=SAVE_INTERVAL, save_interval=SAVE_INTERVAL,
-                              model=model)
+    c_args = c.overrides
     rc_c = resume.launch(c_args, work / "c", gpu).wait()
     if rc_c != 0:
         emit("export_fsdp", runner.recorded(c_args), {"cosine": None, "max_abs_diff": None, "rc_train": rc_c,

@@ -29,7 +29,7 @@ FOUND_BY = "Found by `vlmtrain tune"
 BLOCKED = 4
 """Exit status where the same command would run nothing: a larger --budget-gpu-min or --max-wall-min is needed."""
 EXIT = {"wall": PAUSED, "wall_short": BLOCKED, "too_small": BLOCKED, "plan": 0}
-"""Exit status by why the search stopped (search.Search.end); done: 0 with a winner, else 1."""
+"""Exit status by why the search stopped (tune.budget.end); done: 0 with a winner, else 1."""
 
 
 def split(overrides: list[str]) -> tuple[list[str], list[str]]:
