@@ -23,7 +23,7 @@ def problems(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
         pytest.skip("needs a GPU")
     out = tmp_path_factory.mktemp("acceptance")
     results_path = Path(os.environ.get("VLMTRAIN_ACCEPTANCE_RESULTS", acceptance.ROOT / "results/gpu_acceptance.jsonl"))
-    return acceptance.run(acceptance.CASES, out, results_path, out / "inputs",
+    return acceptance.run_cases(acceptance.CASES, out, results_path, out / "inputs",
                           os.environ.get("VLMTRAIN_COMMIT", "unknown"))
 
 

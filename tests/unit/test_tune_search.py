@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 from vlmtrain.config.compose import compose
 from vlmtrain.config.resolve import resolve
 from vlmtrain.lab import spec
-from vlmtrain.lab.tune import ledger, outputs, search, trials
+from vlmtrain.lab.tune import command, ledger, outputs, search, trials
 from vlmtrain.observe import run_summary
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -282,9 +282,10 @@ def test_cli_surface() -> None:
     from vlmtrain import cli
 
     commands = next(a for a in cli.parser()._actions if a.dest == "command").choices
-    assert set(commands) == {"report", "profile", "data", "tune", "sweep", "overhead", "export", "wandb"}
+    assert set(commands) == {"report", "profile", "data", "tune", "sweep", "overhead", "export", "wandb", "lab"}
     args = cli.parser().parse_args(["tune", "model=tiny", "--budget-gpu-min", "15", "--versus", "a=1 b=2"])
-    assert args.overrides == ["model=tiny"] and args.budget_gpu_min == 15 and args.func.__name__ == "_tune"
+    assert args.overrides == ["model=tiny"] and args.budget_gpu_min == 15 and args.func is command.run
+    assert cli.parser().parse_args(["lab", "tune", "model=tiny"]).func is command.run
 
 
 def test_first_stage_and_finalists_budget_floor(searched: tuple[dict[str, Any], Replay, Path], tmp_path: Path,

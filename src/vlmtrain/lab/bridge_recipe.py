@@ -14,16 +14,16 @@ mfu_vit / mfu_projector / mfu_decoder.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
-import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vlmtrain.config.resolve import resolve
-from vlmtrain.lab import repeats, runner, store
+from vlmtrain.lab import experiments, repeats, runner, store
 from vlmtrain.lab.bridge_benchmarks import BENCHMARKS, ITERATIONS, LAYERS, Benchmark
 from vlmtrain.lab.runner import ROOT
 from vlmtrain.observe import run_summary
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from vlmtrain.config.schema import RunConfig
 
 BENCH_FLAG = "--benchmark"
-ENTRY = "python -m vlmtrain.lab.bridge_recipe"
+ENTRY = experiments.command(__name__)
 """What each run's row names as its command."""
 
 
@@ -167,17 +167,16 @@ def run_once(bench: Benchmark, i: int, machine_run: str, out: Path, results_path
                         recipe=bench.recipe, changes=bench.all_changes(), config=list(bench.run.overrides))
 
 
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(BENCH_FLAG, choices=sorted(BENCHMARKS), default="h1", help="which benchmark's recipe")
     ap.add_argument("--repeats", type=int, default=3, help="runs on this machine run (recorded ones are skipped)")
     ap.add_argument("--dry-run", action="store_true", help="CPU: build the recipe's container and validate it")
     ap.add_argument("--results", type=Path, default=ROOT / "results" / "perf_h200.jsonl")
     ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "bridge_recipe")
     ap.add_argument("--budget-s", type=float, default=None, help="start no run that would end after this many s")
-    args = ap.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
     bench = BENCHMARKS[args.benchmark]
     if args.dry_run:
         dry_run(bench, args.out / f"dry-run-{bench.name}")
@@ -198,7 +197,3 @@ def main(argv: list[str] | None = None) -> int:
         repeats.append_summary(args.results, bench.run.name, machine_run,
                                f"{ENTRY} {BENCH_FLAG} {bench.name} --repeats {args.repeats}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,7 @@
 """Run named train.py cases on this GPU node and append one row per case to results/<suite>.jsonl. (Benchmarks with
 repeats and medians are specs of `vlmtrain sweep`: conf/tune/perf_h200.yaml holds the one-H200 packing cases.)
 
-    python -m vlmtrain.lab.cases gpu_training [--only NAME ...] [--results results/gpu_training.jsonl]
+    vlmtrain lab cases gpu_training [--only NAME ...] [--results results/gpu_training.jsonl]
 
 Cases that fit on fewer GPUs than the node has run side by side (CUDA_VISIBLE_DEVICES slots). Each case is a
 plain `python train.py <overrides>` run (vlmtrain.lab.runner); its metrics.jsonl / checks.json are summarized by
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -168,13 +167,14 @@ def batches(cases: list[Case], gpus: int) -> list[list[Case]]:
     return [*out, cur] if cur else out
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("suite", choices=sorted(SUITES))
     ap.add_argument("--only", nargs="*", help="case names (substring match)")
     ap.add_argument("--results", type=Path, help="default: results/<suite>.jsonl")
     ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "cases")
-    args = ap.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
     gpus = local_gpus()
     cases = [c for c in SUITES[args.suite] if not args.only or any(s in c.name for s in args.only)]
     cases = [c for c in cases if c.gpus <= gpus]
@@ -199,7 +199,3 @@ def record(case: Case, rc: int, run_dir: Path, wall: float, results_path: Path, 
         print(log.read_text()[-4000:] if log.exists() else f"(no {log})", flush=True)
         return None
     return store.append(results_path, case.name, cmd, summary, checks=checks, wall_s=round(wall, 1), **extra)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -26,6 +26,7 @@ from typing import Any
 
 from vlmtrain.lab import bridge_alone as direct_pretrain
 from vlmtrain.lab import cases as run_cases
+from vlmtrain.lab import spec as spec_module
 from vlmtrain.lab import store
 from vlmtrain.lab.cases import ROOT, Case
 from vlmtrain.lab.overhead import (
@@ -117,6 +118,17 @@ def profile_summary(run_dir: Path) -> dict[str, Any] | None:
     return profile.summarize(run_dir) if (run_dir / profile.TRACE).exists() else None
 
 
+def run(args: argparse.Namespace) -> int:
+    """Load the spec (exit 2 naming the specs there are, for one that is not), then `main`."""
+    try:
+        sp = spec_module.load(args.spec)
+    except spec_module.SpecError as e:
+        print(f"vlmtrain overhead: {e}", file=sys.stderr)
+        return 2
+    args.entry = f"vlmtrain overhead {args.spec}"  # the command the rows name
+    return main(sp, args)
+
+
 def main(spec: Spec, args: argparse.Namespace) -> int:
     args.profile_summary = profile_summary
     args.spec, args.results = spec, args.results or ROOT / spec.get("results", f"results/{spec.name}.jsonl")
@@ -150,6 +162,7 @@ def main(spec: Spec, args: argparse.Namespace) -> int:
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("spec", help="conf/tune/<spec>.yaml (e.g. perf_h200x2) or a path")
     ap.add_argument("--case", help="case name of the spec (substring; default: its defaults' case)")
     ap.add_argument("--pairs", type=int, default=2)
     ap.add_argument("--iterations", type=int, default=ITERATIONS)

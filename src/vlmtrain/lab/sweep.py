@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from vlmtrain.lab import cases as run_cases
 from vlmtrain.lab import repeats, store, sweep_report
+from vlmtrain.lab import spec as spec_module
 from vlmtrain.lab.cases import ROOT, Case
 from vlmtrain.lab.spec import Spec
 from vlmtrain.lab.tune import trials
@@ -117,6 +118,17 @@ def pending(cases: list[Case], args: argparse.Namespace, machine_run: str) -> li
     return sorted(todo, key=lambda t: t[1])
 
 
+def run(args: argparse.Namespace) -> int:
+    """Load the spec (exit 2 naming the specs there are, for one that is not), then `main`."""
+    try:
+        sp = spec_module.load(args.spec)
+    except spec_module.SpecError as e:
+        print(f"vlmtrain sweep: {e}", file=sys.stderr)
+        return 2
+    args.entry = f"vlmtrain sweep {args.spec}"  # the command the rows and the report name
+    return main(sp, args)
+
+
 def main(spec: Spec, args: argparse.Namespace) -> int:
     args.results = args.results or ROOT / spec.get("results", f"results/{spec.name}.jsonl")
     args.iterations = args.iterations or int(spec.get("iterations", 8))
@@ -180,6 +192,7 @@ def main(spec: Spec, args: argparse.Namespace) -> int:
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("spec", help="conf/tune/<spec>.yaml (e.g. perf_h200x2) or a path")
     ap.add_argument("--sweep", nargs="+", help="sweep names of the spec, or all")
     ap.add_argument("--only", nargs="*", help="case names (substring match)")
     ap.add_argument("--iterations", type=int, help="default: the spec's")

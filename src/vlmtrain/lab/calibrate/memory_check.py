@@ -1,9 +1,9 @@
 """Validate vlmtrain.check.memory against the peaks measured on the H200: one row per run into
 results/memory_estimates.jsonl.
 
-    python -m vlmtrain.lab.calibrate.memory_check [--measured results/gpu_training.jsonl]
+    vlmtrain lab memory-check [--measured results/gpu_training.jsonl]
         [--out results/memory_estimates.jsonl]
-    python -m vlmtrain.lab.calibrate.memory_check --table     # the markdown table of the written jsonl
+    vlmtrain lab memory-check --table     # the markdown table of the written jsonl
 
 For every measured run it composes the run's own overrides (the `command` after `python train.py`, without
 `dry_run=...`) and estimates twice:
@@ -25,7 +25,6 @@ import argparse
 import json
 import math
 import shlex
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -33,14 +32,14 @@ from vlmtrain.check import memory
 from vlmtrain.config.compose import compose
 from vlmtrain.config.resolve import Resolved, resolve
 from vlmtrain.config.schema import RunConfig
-from vlmtrain.lab import store
+from vlmtrain.lab import experiments, store
 from vlmtrain.lab.runner import ROOT
 from vlmtrain.observe import run_summary
 
 TARGET_PCT = 15.0
 COLLATE_PAD_MULTIPLE = 128
 """Bridge's qwen2_5_collate_fn pads every micro-batch to a multiple of 128 tokens (pad_to_multiple_of)."""
-BENCHMARK_COMMAND = "python -m vlmtrain.lab.calibrate.memory_check"
+BENCHMARK_COMMAND = experiments.command(__name__)
 
 
 def overrides(command: str) -> list[str]:
@@ -137,8 +136,7 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--measured", type=Path, nargs="+",
                     default=[ROOT / "results" / f"{name}.jsonl"
                              for name in ("gpu_training", "gpu_acceptance", "precision_h200")])
@@ -146,7 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache-dir", type=Path, default=ROOT / "outputs" / "memory_check_cache",
                     help="where the runs' datasets and processor are materialized (kept out of ~/.cache)")
     ap.add_argument("--table", action="store_true", help="print the markdown table of --out and exit")
-    args = ap.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
     if args.table:
         print(markdown_table(run_summary.read_jsonl(args.out)), end="")
         return 0
@@ -163,7 +163,3 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(rows) - len(misses)}/{len(rows)} within {TARGET_PCT:.0f} %"
           + (f"; misses: {misses}" if misses else ""))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,13 +1,13 @@
 """The GPU acceptance suite: every path a new user takes, run through `python train.py` on one GPU node.
 
-    python tests/gpu/acceptance.py [--only NAME ...] [--out DIR] [--results results/gpu_acceptance.jsonl]
+    vlmtrain lab acceptance [--only NAME ...] [--out DIR] [--results results/gpu_acceptance.jsonl]
     pytest -m gpu tests/gpu/test_acceptance.py         # the same cases, asserted
 
-Cases are data (CASES): the three models, every data kind from real files (made here from the shipped photos
-with `vlmtrain data export`), bad images with and without `data.skip_bad_images`, and a real `-m` sweep with its
-report. Cases of one `slot` group run side by side on the one GPU (the tiny ones need a few GiB each, so their
-timings are not performance figures); `exclusive` cases run alone. Each finished case appends one row to the
-results file (name, command, date, machine, rc, metrics) and `verdict()` says what it expected and did not see.
+Cases are data (CASES): the three models, every data kind from real files (made here from the shipped photos, as
+`vlmtrain data export` writes them), bad images with and without `data.skip_bad_images`, and a real `-m` sweep with
+its report. Cases run side by side on the one GPU (the tiny ones need a few GiB each, so their timings are not
+performance figures); `exclusive` cases run alone. Each finished case appends one row to the results file (name,
+command, date, machine, rc, metrics) and `verdict()` says what it expected and did not see.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -130,8 +129,8 @@ def verdict(case: Case, got: dict[str, Any]) -> list[str]:
     return problems
 
 
-def run(selected: list[Case], out: Path, results_path: Path, inputs: Path,
-        commit: str) -> dict[str, list[str]]:
+def run_cases(selected: list[Case], out: Path, results_path: Path, inputs: Path,
+              commit: str) -> dict[str, list[str]]:
     """Run the cases (side-by-side ones first, then each exclusive one alone); one results row per case."""
     cases.export_inputs(inputs)
     problems: dict[str, list[str]] = {}
@@ -155,18 +154,15 @@ def run(selected: list[Case], out: Path, results_path: Path, inputs: Path,
     return problems
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--only", nargs="*", help="case names (substring match)")
     ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "acceptance")
     ap.add_argument("--results", type=Path, default=ROOT / "results" / "gpu_acceptance.jsonl")
     ap.add_argument("--commit", default=os.environ.get("VLMTRAIN_COMMIT", "unknown"),
                     help="the commit the run dirs were made with (recorded in every row)")
-    args = ap.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
     selected = [c for c in CASES if not args.only or any(s in c.name for s in args.only)]
-    problems = run(selected, args.out, args.results, args.out / "inputs", args.commit)
+    problems = run_cases(selected, args.out, args.results, args.out / "inputs", args.commit)
     return 1 if any(problems.values()) else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

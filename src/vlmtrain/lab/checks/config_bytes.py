@@ -1,8 +1,8 @@
 """The dry-run Bridge config of a fixed set of configurations, written so two checkouts can be compared byte for byte:
 the proof that a refactor left every run's ConfigContainer as it was.
 
-    python -m vlmtrain.lab.checks.config_bytes write DIR [--checkout PATH]  # one <case>.yaml each (CPU, ~20 s a case)
-    python -m vlmtrain.lab.checks.config_bytes compare BEFORE AFTER  # exit 1 naming each case that differs
+    vlmtrain lab config-bytes write DIR [--checkout PATH]  # one <case>.yaml each (CPU, ~20 s a case)
+    vlmtrain lab config-bytes compare BEFORE AFTER  # exit 1 naming each case that differs
 
 Each case is `python train.py <overrides> dry_run=true` into its own run dir (of another checkout with --checkout: a
 git worktree of the commit before a change, its own src/ on PYTHONPATH); its bridge_config.yaml is copied with
@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import re
-import sys
 from pathlib import Path
 
 from vlmtrain.lab import cases, runner
@@ -95,9 +94,8 @@ def compare(before: Path, after: Path) -> int:
     return 1 if differ else 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="command", required=True)
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    sub = ap.add_subparsers(dest="action", required=True)
     w = sub.add_parser("write")
     w.add_argument("out", type=Path)
     w.add_argument("--only", nargs="*", choices=[c.name for c in CASES])
@@ -106,11 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("compare")
     c.add_argument("before", type=Path)
     c.add_argument("after", type=Path)
-    args = ap.parse_args(argv)
-    if args.command == "compare":
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.action == "compare":
         return compare(args.before, args.after)
     return write(args.out, args.only, args.checkout.resolve(), args.inputs)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

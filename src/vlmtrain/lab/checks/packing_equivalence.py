@@ -1,7 +1,7 @@
 """Packing equivalence on a GPU: the same real samples through one packed (THD) forward/backward vs each sample
 alone, on the real model Bridge builds for the run, with negative controls that break what packing must keep.
 
-    python -m vlmtrain.lab.checks.packing_equivalence [--only CASE ...]  # GPU -> results/packing_equivalence.jsonl
+    vlmtrain lab packing-equivalence [--only CASE ...]  # GPU -> results/packing_equivalence.jsonl
 
 This module is the driver (the cases, their launch, the rows); vlmtrain.lab.checks.packing_harness is the rank.
 
@@ -41,10 +41,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from pathlib import Path
 
-from vlmtrain.lab import cases, runner, store
+from vlmtrain.lab import cases, experiments, runner, store
 from vlmtrain.lab.cases import Case
 from vlmtrain.lab.checks import packing_harness as harness
 from vlmtrain.lab.runner import ROOT
@@ -108,7 +107,7 @@ def run_cases(only: list[str] | None, results_path: Path, commit: str) -> int:
         if rc:
             print(ranks.log.read_text(errors="replace")[-4000:], flush=True)
         out = json.loads((run_dir / harness.RESULT).read_text()) if (run_dir / harness.RESULT).exists() else {}
-        command = "python -m vlmtrain.lab.checks.packing_equivalence --only " + name
+        command = f"{experiments.command(__name__)} --only {name}"
         store.append(results_path, f"packing-equivalence_{name}", command, {"rc": rc, **out.get("metrics", {})},
                        commit=commit, overrides=c.overrides, tolerances=out.get("tolerances"),
                        rows=out.get("rows"), images_per_row=out.get("images_per_row"),
@@ -118,14 +117,11 @@ def run_cases(only: list[str] | None, results_path: Path, commit: str) -> int:
     return int(failed > 0)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--only", nargs="*", choices=[c.name for c in CASES], help="case names (default: every case)")
     ap.add_argument("--results", type=Path, default=ROOT / "results" / "packing_equivalence.jsonl")
     ap.add_argument("--commit", default=os.environ.get("VLMTRAIN_COMMIT", "unknown"))
-    args = ap.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
     return run_cases(args.only, args.results, args.commit)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -3,9 +3,9 @@ real GPU as gres (scripts/device/slurm_start.sh), preempted mid-run and resumed;
 row to results/reliability.jsonl, tests/gpu/test_slurm_preempt_gpu.py asserts the same.
 
     bash scripts/device/slurm_start.sh && export PATH=/tmp/slurm-root/bin:$PATH
-    python -m vlmtrain.lab.checks.slurm_preempt --case tiny            # the plumbing, ~2 min
-    python -m vlmtrain.lab.checks.slurm_preempt --case 30b --only reference   # then, in the next call:
-    python -m vlmtrain.lab.checks.slurm_preempt --case 30b --only preempt
+    vlmtrain lab slurm-preempt --case tiny            # the plumbing, ~2 min
+    vlmtrain lab slurm-preempt --case 30b --only reference   # then, in the next call:
+    vlmtrain lab slurm-preempt --case 30b --only preempt
 
 - reference: the same training uninterrupted, run directly (`python train.py`, no checkpoints): cheaper than a
   second Slurm job, and the losses do not depend on the launcher.
@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vlmtrain.lab import cases, runner, store
+from vlmtrain.lab import cases, experiments, runner, store
 from vlmtrain.lab.cases import Case
 from vlmtrain.lab.checks.resume import TOLERANCE, losses, max_loss_diff, tracker
 from vlmtrain.lab.runner import ROOT
@@ -249,8 +249,7 @@ def command(case: Case, ckpt: Path) -> str:
     return runner.recorded([*LAUNCHER, "hydra.sweep.dir=<out>/slurm", *overrides(case, ckpt)], multirun=True)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--case", choices=list(CASES), default="tiny")
     ap.add_argument("--only", choices=["reference", "preempt", "both"], default="both",
                     help="reference: the uninterrupted run only; preempt: the Slurm run, against a reference "
@@ -261,7 +260,9 @@ def main(argv: list[str] | None = None) -> int:
                     "where the disk cannot hold the 4-layer checkpoint")
     ap.add_argument("--timeout", type=float, default=540, help="seconds per phase")
     ap.add_argument("--results", type=Path, default=ROOT / "results" / "reliability.jsonl")
-    a = ap.parse_args(argv)
+
+
+def run(a: argparse.Namespace) -> int:
     case = CASES[a.case] if a.layers is None else with_layers(CASES[a.case], a.layers)
     out = (a.out or ROOT / "outputs" / "slurm_preempt" / a.case).resolve()
     ckpt = (a.ckpt or Path("/tmp/vlmtrain_slurm_ckpt") / a.case).resolve()
@@ -288,14 +289,10 @@ def main(argv: list[str] | None = None) -> int:
     store.append(a.results, f"slurm_preempt_{case.name}_1gpu", command(case, ckpt), {**metrics, **disk,
                    "slurm": slurm_version(), "passed": ok}, losses_uninterrupted=ref_losses,
                    losses_preempted_and_resumed=slurm_losses,
-                   runner=f"python -m vlmtrain.lab.checks.slurm_preempt --case {a.case}"
+                   runner=f"{experiments.command(__name__)} --case {a.case}"
                    + (f" --layers {a.layers}" if a.layers else ""))
     print(json.dumps({"case": a.case, "passed": ok, **metrics}, default=str), flush=True)
     if not ok:
         print(diagnostics(slurm["sweep"], slurm["job_id"]), file=sys.stderr)
         print((out / "launcher.txt").read_text()[-4000:], file=sys.stderr)
     return 0 if ok else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

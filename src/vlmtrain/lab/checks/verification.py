@@ -1,7 +1,7 @@
 """Issue 47's verification on one GPU, per model family: a Hugging Face checkpoint in, training, a Hugging Face
 checkpoint out, each step checked against transformers. One row per check appended to `--results`.
 
-    python -m vlmtrain.lab.checks.verification --results results/verification.jsonl [--families qwen3_vl qwen35_vl]
+    vlmtrain lab verification --results results/verification.jsonl [--families qwen3_vl qwen35_vl]
         [--checks parity_trained export_fsdp ...]
 
 Per family (qwen3_vl: Qwen3-VL-MoE; qwen35_vl: Qwen3.5-MoE), in `--work`/<family>:
@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from vlmtrain.config.groups.model import Family
-from vlmtrain.lab import runner, store
+from vlmtrain.lab import experiments, runner, store
 from vlmtrain.lab.cases import Case
 from vlmtrain.lab.checks import resume, tiny_hf
 from vlmtrain.lab.runner import ROOT
@@ -258,8 +258,7 @@ def writer(results: Path, family: str, driver: str, verdicts: list[bool],
     return emit
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--results", type=Path, default=ROOT / "results" / "verification.jsonl")
     ap.add_argument("--work", type=Path, default=ROOT / "outputs" / "verification")
     ap.add_argument("--families", nargs="+", choices=FAMILIES, default=list(FAMILIES))
@@ -267,8 +266,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="a subset, with the runs and exports it rests on (their rows too)")
     ap.add_argument("--gpu", type=int, default=0)
     ap.add_argument("--commit", default=os.environ.get("VLMTRAIN_COMMIT", "unknown"))
-    a = ap.parse_args(argv)
-    driver = (f"python -m vlmtrain.lab.checks.verification --families {' '.join(a.families)} "
+
+
+def run(a: argparse.Namespace) -> int:
+    driver = (f"{experiments.command(__name__)} --families {' '.join(a.families)} "
               f"--checks {' '.join(a.checks)} --gpu {a.gpu}")
     verdicts: list[bool] = []
 
@@ -276,7 +277,3 @@ def main(argv: list[str] | None = None) -> int:
         emit = writer(a.results, family, driver, verdicts, a.commit)
         family_checks(family, a.work / family, a.gpu, emit, tuple(a.checks))
     return 0 if verdicts and all(verdicts) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
