@@ -3,7 +3,7 @@ case after another through the trial runner (`python train.py -m`, as `vlmtrain 
 case in the spec's results file (vlmtrain.observe.run_summary; metrics from summarize, the full override list as
 `config`); `--report` writes <results>.md from that file alone. With `--repeats N` (default: the spec's `repeats`, else
 1) each case runs until this machine run has N finished runs of it (one row each, with `machine_run` and `run`;
-runs already recorded for the machine run are skipped, so repeats may span device calls), then its summary row:
+runs already recorded for the machine run are skipped, so repeats may span invocations), then its summary row:
 median and min-max (vlmtrain.lab.repeats).
 
     vlmtrain sweep perf_h200x2 --sweep mbs parallelism [--only SUBSTR ...] [--iterations 8]
@@ -150,7 +150,7 @@ def main(spec: Spec, args: argparse.Namespace) -> int:
         return 2
     case_s = int(spec.get("case_s", 120))
     print(f"[sweep] {len(cases)} case(s) x {args.repeats} run(s), ~{len(cases) * args.repeats * case_s / 60:.0f} min "
-          f"of device time at ~{case_s} s each")
+          f"of GPU time at ~{case_s} s each")
     if args.list:
         print(table(spec, cases))
         return 0
@@ -205,6 +205,6 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="leave out cases whose latest row in --results finished (rc 0); failed ones run again")
     ap.add_argument("--budget-s", type=float, default=None,
                     help="start no case that would end after this many seconds (estimate: the slowest case so far, "
-                         "the spec's case_s before the first), so a time-limited device call loses no half-run case")
+                         "the spec's case_s before the first), so a time-limited GPU run loses no half-run case")
     ap.add_argument("--results", type=Path, help="default: the spec's results file")
     ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "sweep" / time.strftime("%Y%m%d-%H%M%S"))

@@ -24,7 +24,7 @@ Per family (qwen3_vl: Qwen3-VL-MoE; qwen35_vl: Qwen3.5-MoE), in `--work`/<family
 
 Every row's metrics carry `cosine` and `max_abs_diff` (logits for the parity rows, weights for frozen, the loss
 curves for resume; null for export and reload, which compare nothing numeric), `passed`, and `wall_s`: the seconds
-since the family's previous row (or its start), so a later call can be planned to fit a lent machine's limit.
+since the family's previous row (or its start), so a later GPU run can be planned to fit a time limit.
 `--checks` runs a subset with what it rests on: `parity_trained` alone trains run A and exports it (the export's row
 is written too), but skips run B.
 """
@@ -56,7 +56,7 @@ FAMILIES = ("qwen3_vl", "qwen35_vl")
 CHECKS = ("parity_import", "resume", "export", "reload", "frozen", "parity_trained", "export_fsdp", "reload_fsdp",
           "frozen_fsdp")
 """`--checks` runs a subset in a fresh work dir, with the runs it rests on (Qwen3.5's whole family, kernels compiled
-on first use, takes about 12 minutes on an H100: longer than one call of a lent GPU machine)."""
+on first use, takes about 12 minutes on an H100: split it where a GPU run has a 10-minute limit)."""
 TIMEOUT_S = 600
 
 
