@@ -1,12 +1,13 @@
-"""Run named train.py cases on this GPU node and append one row per case to results/<suite>.jsonl. (Benchmarks with
+"""The lab's one definition of a named run, `Case`, with the shared model baselines and the real-file datasets cases
+read: every experiment names its runs with them (docs/benchmarks.md, "Adding an experiment"). And the `cases`
+experiment: named train.py cases run on this GPU node, one row per case in results/<suite>.jsonl. (Benchmarks with
 repeats and medians are specs of `vlmtrain sweep`: conf/tune/perf_h200.yaml holds the one-H200 packing cases.)
 
     vlmtrain lab cases gpu_training [--only NAME ...] [--results results/gpu_training.jsonl]
 
 Cases that fit on fewer GPUs than the node has run side by side (CUDA_VISIBLE_DEVICES slots). Each case is a
 plain `python train.py <overrides>` run (vlmtrain.lab.runner); its metrics.jsonl / checks.json are summarized by
-vlmtrain.observe.run_summary. `Case` and the model baselines below are the lab's one definition of a named run:
-sweeps, the overhead A/B, the profile, the GPU checks and the acceptance suite build theirs from them.
+vlmtrain.observe.run_summary.
 """
 
 from __future__ import annotations

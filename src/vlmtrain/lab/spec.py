@@ -11,8 +11,10 @@ run as packing by token budget (`mbs_as_capacity()`).
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -205,6 +207,18 @@ def _stage(raw: dict[str, Any]) -> Stage:
 def path_of(name: str | Path) -> Path:
     path = Path(name)
     return path if path.suffix == ".yaml" else SPEC_DIR / f"{name}.yaml"
+
+
+def for_command(args: argparse.Namespace, command: str) -> Spec | None:
+    """The spec `args.spec` names, for `vlmtrain <command>`, which sets `args.entry` (`vlmtrain <command> <spec>`: the
+    command its rows and report name); None, the reason on stderr, where there is no such spec."""
+    try:
+        spec = load(args.spec)
+    except SpecError as e:
+        print(f"vlmtrain {command}: {e}", file=sys.stderr)
+        return None
+    args.entry = f"vlmtrain {command} {args.spec}"
+    return spec
 
 
 def load(name: str | Path) -> Spec:

@@ -119,14 +119,9 @@ def pending(cases: list[Case], args: argparse.Namespace, machine_run: str) -> li
 
 
 def run(args: argparse.Namespace) -> int:
-    """Load the spec (exit 2 naming the specs there are, for one that is not), then `main`."""
-    try:
-        sp = spec_module.load(args.spec)
-    except spec_module.SpecError as e:
-        print(f"vlmtrain sweep: {e}", file=sys.stderr)
-        return 2
-    args.entry = f"vlmtrain sweep {args.spec}"  # the command the rows and the report name
-    return main(sp, args)
+    """`main` on the spec named (exit 2 for one that is not)."""
+    sp = spec_module.for_command(args, "sweep")
+    return 2 if sp is None else main(sp, args)
 
 
 def main(spec: Spec, args: argparse.Namespace) -> int:

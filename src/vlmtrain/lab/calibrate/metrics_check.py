@@ -117,14 +117,14 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 
 def run(a: argparse.Namespace) -> int:
-    run = load_run(a.run_dir / "run_config.yaml")
+    cfg = load_run(a.run_dir / "run_config.yaml")
     rows = run_summary.read_jsonl(a.run_dir / "metrics.jsonl")
     checks = json.loads((a.run_dir / "checks.json").read_text())
-    per_step = samples_per_step(run, len(rows))
-    gpus, peak = run.nodes * (run.gpus_per_node or 1), run.hardware.peak_bf16_tflops * 1e12
+    per_step = samples_per_step(cfg, len(rows))
+    gpus, peak = cfg.nodes * (cfg.gpus_per_node or 1), cfg.hardware.peak_bf16_tflops * 1e12
     cmp = []
     for r, batch in zip(rows[a.skip :], per_step[a.skip :], strict=True):
-        f = flops_from_params(run, checks["params"], batch)
+        f = flops_from_params(cfg, checks["params"], batch)
         tokens = sum(s["len"] for s in batch)
         named = sum(
             r.get(k, 0.0)
