@@ -20,14 +20,14 @@ logs() { (cd "$1" && find . -maxdepth 3 \( -name '*.log' -o -name '*.json' \) -p
 case $step in
   verify35|verify3vl)
     family=$([ "$step" = verify35 ] && echo qwen35_vl || echo qwen3_vl)
-    timeout 560 python3 -m vlmtrain.lab.checks.verification --families "$family" \
+    timeout 560 python3 -m vlmtrain.cli lab verification --families "$family" \
       --checks ${VERIFY_CHECKS:-parity_import parity_trained} --results "$OUT/verification.jsonl" --work /tmp/verif
     rc=$?
     logs /tmp/verif
     ;;
   pack35tiny|pack35h2l2)
     case=$([ "$step" = pack35tiny ] && echo tiny-qwen35_kernels-default || echo h2-shape-l2-gdn-attn_kernels-default)
-    timeout 570 python3 -m vlmtrain.lab.checks.packing_equivalence --only "$case" \
+    timeout 570 python3 -m vlmtrain.cli lab packing-equivalence --only "$case" \
       --results "$OUT/packing_equivalence.jsonl"
     rc=$?
     logs "outputs/packing_equivalence/$case"

@@ -87,30 +87,6 @@ def _data_check(args: argparse.Namespace) -> int:
     return 1 if report.bad else 0
 
 
-def _spec_command(args: argparse.Namespace) -> int:
-    """`vlmtrain sweep` / `vlmtrain overhead` on a spec; imported lazily like report."""
-    from vlmtrain.lab import overhead_ab, spec, sweep
-
-    try:
-        sp = spec.load(args.spec)
-    except spec.SpecError as e:
-        print(f"vlmtrain {args.command}: {e}", file=sys.stderr)
-        return 2
-    args.entry = f"vlmtrain {args.command} {args.spec}"  # the command the rows and the report name
-    return (sweep.main if args.command == "sweep" else overhead_ab.main)(sp, args)
-
-
-def _tune(args: argparse.Namespace) -> int:
-    from vlmtrain.lab import spec
-    from vlmtrain.lab.tune import command
-
-    try:
-        return command.main(args)
-    except (spec.SpecError, ValueError) as e:
-        print(f"vlmtrain tune: {e}", file=sys.stderr)
-        return 2
-
-
 def _export(args: argparse.Namespace) -> int:
     """A run's checkpoint as a Hugging Face checkpoint; imported lazily like report."""
     from vlmtrain.train import hf_export
@@ -181,26 +157,16 @@ def parser() -> argparse.ArgumentParser:
     hfx.add_argument("--out", required=True, type=Path, help="an empty or new folder")
     hfx.add_argument("--hf-path", help="where the run's model.hf_path checkpoint is now, if it moved")
     hfx.set_defaults(func=_export)
-    from vlmtrain.lab import overhead_ab, sweep  # argparse definitions only: no torch, no Bridge
-    from vlmtrain.lab.tune import command  # argparse definitions only: no torch, no Bridge
+    from vlmtrain.lab import experiments  # the experiments' argparse definitions: no torch, no Bridge
 
-    command.add_parser(sub)
-    sub.choices["tune"].set_defaults(func=_tune)
-    swp = sub.add_parser("sweep", help="run a spec's named sweeps of cases, one results row each; its report",
-                         description=sweep.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    swp.add_argument("spec", help="conf/tune/<spec>.yaml (e.g. perf_h200x2) or a path")
-    sweep.add_arguments(swp)
-    swp.set_defaults(func=_spec_command)
-    ovh = sub.add_parser("overhead", help="vlmtrain vs Bridge's pretrain() alone on a spec's case, in A/B pairs",
-                         description=overhead_ab.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ovh.add_argument("spec", help="conf/tune/<spec>.yaml (e.g. perf_h200x2) or a path")
-    overhead_ab.add_arguments(ovh)
-    ovh.set_defaults(func=_spec_command)
+    experiments.add_parsers(sub)
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = parser().parse_args(argv)
+    args.argv = argv  # the command line as typed, for an experiment's rows
     return args.func(args)
 
 

@@ -1,4 +1,4 @@
-"""The GPU acceptance suite (tests/gpu/acceptance.py) as tests: `pytest -m gpu tests/gpu/test_acceptance.py`.
+"""The GPU acceptance suite (vlmtrain.lab.checks.acceptance) as tests: `pytest -m gpu tests/gpu/test_acceptance.py`.
 
 All cases run once (side-by-side ones together, large models alone), then each case is asserted on what its run
 recorded. Rows go to $VLMTRAIN_ACCEPTANCE_RESULTS (default results/gpu_acceptance.jsonl).
@@ -9,10 +9,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import acceptance
 import pytest
 
 from vlmtrain.config.world import local_gpus
+from vlmtrain.lab.checks import acceptance
 
 pytestmark = pytest.mark.gpu
 
@@ -23,7 +23,7 @@ def problems(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
         pytest.skip("needs a GPU")
     out = tmp_path_factory.mktemp("acceptance")
     results_path = Path(os.environ.get("VLMTRAIN_ACCEPTANCE_RESULTS", acceptance.ROOT / "results/gpu_acceptance.jsonl"))
-    return acceptance.run(acceptance.CASES, out, results_path, out / "inputs",
+    return acceptance.run_cases(acceptance.CASES, out, results_path, out / "inputs",
                           os.environ.get("VLMTRAIN_COMMIT", "unknown"))
 
 

@@ -3,7 +3,7 @@ or checkpoint dir, a NaN loss stops the run with its record (or is skipped and c
 component and the estimate's overrides, a kill -9 mid-checkpoint leaves the previous checkpoint the one loaded and
 resumed (kill_ckpt_*: `pytest -m gpu tests/gpu/test_reliability.py -k kill_ckpt`). `pytest -m gpu
 tests/gpu/test_reliability.py`; the same checks with rows in results/reliability.jsonl:
-`python -m vlmtrain.lab.checks.reliability_check`."""
+`vlmtrain lab reliability`."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ through hydra/launcher=slurm is preempted (USR2), saved by Bridge on the signal,
 the same run dir, with its losses within resume.TOLERANCE of an uninterrupted run (vlmtrain.lab.checks.
 slurm_preempt). `pytest -m "gpu and slurm" tests/gpu/test_slurm_preempt_gpu.py` runs the tiny model (~2 min);
 VLMTRAIN_SLURM_CASE=30b the 30B-A3B shape (~8 min, ~52 GiB free disk under /tmp). The row in
-results/reliability.jsonl: vlmtrain.lab.checks.slurm_preempt_check."""
+results/reliability.jsonl: `vlmtrain lab slurm-preempt`."""
 
 from __future__ import annotations
 

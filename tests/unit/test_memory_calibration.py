@@ -109,6 +109,7 @@ def test_estimate_is_within_15_percent_of_the_recorded_peak(estimates, name):
     assert r["within_target"] is (abs(m["error_pct"]) <= mc.TARGET_PCT)
     assert m["worst_case_gib"] >= m["estimated_gib"] - 1e-3  # the default workload bounds the run's own
     assert set(r["breakdown"]) >= {"params", "grads", "optimizer", "logits", "overhead", "allocated", "total"}
+    assert r["machine"] == RECORDED[name]["machine"]  # the measured run's GPU machine, not the one computing it
     if name in KNOWN_MISSES:
         assert mc.TARGET_PCT < m["error_pct"] < KNOWN_MISSES[name], (name, m)
     else:

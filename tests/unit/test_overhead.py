@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from vlmtrain.lab import overhead, overhead_ab, spec, store
+from vlmtrain.observe import run_summary
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU_CASES = ROOT / "tests" / "fixtures" / "gpu_cases"
@@ -123,7 +124,7 @@ def test_pool_joins_one_sessions_rows(tmp_path: Path) -> None:
         overhead_ab.pool(name, 3, path, "cmd")
     first = json.loads(path.read_text().splitlines()[0])
     for other in ({"date": "2026-01-01"}, {"config": ["b"]}):
-        store.append_jsonl(path, first | other)
+        run_summary.append_jsonl(path, first | other)
         with pytest.raises(SystemExit, match="one date, machine and config"):
             overhead_ab.pool(name, 2, path, "cmd")
 

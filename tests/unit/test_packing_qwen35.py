@@ -94,8 +94,11 @@ def test_preflight_refuses_until_the_proof_passed(compose: Callable[..., Any],
     assert packing.qwen35_packing_unverified(run, resolve(run)) is None
 
 
-@pytest.mark.parametrize("name", [n for n in packing_equivalence.CASES if "qwen35" in n or n.startswith("h2")])
-def test_qwen35_cases_compose_past_preflight(compose: Callable[..., Any], name: str) -> None:
-    run = compose(*packing_equivalence.BASE, *packing_equivalence.CASES[name])  # the harness packs, not the run
+QWEN35_CASES = [c for c in packing_equivalence.CASES if "qwen35" in c.name or c.name.startswith("h2")]
+
+
+@pytest.mark.parametrize("case", QWEN35_CASES, ids=lambda c: c.name)
+def test_qwen35_cases_compose_past_preflight(compose: Callable[..., Any], case: Any) -> None:
+    run = compose(*case.overrides)  # the harness packs, not the run
     assert run.model.family == "qwen35_vl"
     assert not preflight.errors(preflight.check(run, resolve(run)))

@@ -50,7 +50,7 @@ def composed(overrides: list[str]) -> dict[str, Any]:
     return tree
 
 
-def case_overrides(case: spec.SpecCase) -> list[str]:
+def case_overrides(case: run_cases.Case) -> list[str]:
     return run_cases.overrides(sweep.as_run_case(PERF, case, PERF.get("iterations")))
 
 
@@ -251,9 +251,9 @@ def test_ceiling_shapes_come_from_the_model_config(capsys: pytest.CaptureFixture
     assert by["experts_fc1_batched"].batch == m.num_experts and by["expert_fc1"].m == t * m.moe_topk // m.num_experts
     assert by["square_8192"].flops == 2 * 8192**3 and source["peak_bf16_tflops"] == 989.0
     assert {g.tower for g in gemms} == {None, "vit", "projector", "decoder"}
-    assert ceiling.main(["--list"]) == 0 and "experts_fc2_batched" in capsys.readouterr().out
-    with pytest.raises(SystemExit):
-        ceiling.main(["--repeats", "2", "--list"])
+    assert cli.main(["lab", "ceiling", "--list"]) == 0 and "experts_fc2_batched" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="2"):  # fewer than 3 repeats: refused at parse time
+        cli.main(["lab", "ceiling", "--repeats", "2", "--list"])
 
 
 def test_towers_vs_ceiling_describes_the_best_full_training_case() -> None:

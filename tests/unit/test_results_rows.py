@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from vlmtrain import cli
 from vlmtrain.lab.checks import results_rows
 
 FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures"
@@ -25,7 +26,7 @@ def folder(tmp_path: Path) -> Path:
 
 def test_recorded_rows_pass(folder: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert results_rows.check(folder) == (58, [])
-    assert results_rows.main([str(folder)]) == 0
+    assert cli.main(["lab", "results-rows", str(folder)]) == 0
     assert "0 bad of 58 rows" in capsys.readouterr().out
 
 
@@ -43,10 +44,10 @@ def test_each_planted_bad_row_is_named(folder: Path, capsys: pytest.CaptureFixtu
                                   f"logits_memory_h200.jsonl:5 {name}: date 'Dec 3' is not YYYY-MM-DD",
                                   f"logits_memory_h200.jsonl:6 {name}: missing machine",
                                   "logits_memory_h200.jsonl:7: not JSON (Unterminated string starting at)"]
-    assert results_rows.main([str(folder)]) == 1
+    assert cli.main(["lab", "results-rows", str(folder)]) == 1
     assert f"{folder}/logits_memory_h200.jsonl:3 {name}: missing command" in capsys.readouterr().out
 
 
 def test_a_folder_without_rows_fails(tmp_path: Path) -> None:
     """A wrong path is not a clean results folder."""
-    assert results_rows.main([str(tmp_path)]) == 1
+    assert cli.main(["lab", "results-rows", str(tmp_path)]) == 1

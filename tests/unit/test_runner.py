@@ -5,6 +5,7 @@ and a grandchild included, as torchrun's ranks and an async checkpoint writer ar
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -46,6 +47,29 @@ def test_the_command_and_what_a_row_records() -> None:
     assert sweep[2:] == ["-m", "a=1,2", "hydra.sweep.dir=/s", "hydra.sweep.subdir=run"]
     assert runner.recorded(["a=1,2"], multirun=True) == "python train.py -m a=1,2"
     assert runner.recorded(["model=tiny"]) == "python train.py model=tiny"
+    assert runner.argv(["model=tiny"], Path("/r"), checkout=Path("/before"))[1] == "/before/train.py"
+
+
+PROBE = """import json, os, sys
+print(json.dumps({"argv": sys.argv[1:], "cwd": os.getcwd(), "env": dict(os.environ)}))
+"""
+
+
+def test_a_check_s_own_rank_starts_as_train_py_starts_its_ranks(tmp_path: Path, monkeypatch, compose) -> None:
+    """start_ranks: the run config and run.json saved in the run dir, one torchrun rank per GPU running the given
+    module on the saved config, with the resolved env vars and a MASTER_PORT of its own (a real torchrun on CPU)."""
+    from vlmtrain.config.resolve import resolve
+
+    (tmp_path / "probe_rank.py").write_text(PROBE)
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}:{runner.ROOT / 'src'}")
+    run = compose(*cases.TINY, "gpus_per_node=1", output_dir=str(tmp_path / "run"))
+    res = resolve(run)
+    ranks = runner.start_ranks(run, res, "probe_rank", log=tmp_path / "run" / "probe.log", timeout_s=120)
+    assert ranks.wait() == 0, ranks.log.read_text()[-3000:]
+    seen = json.loads(next(line for line in ranks.log.read_text().splitlines() if line.startswith("{")))
+    assert seen["argv"] == [str(tmp_path / "run" / "run_config.yaml")] and (tmp_path / "run" / "run.json").is_file()
+    assert seen["env"]["WORLD_SIZE"] == "1" and seen["env"]["MASTER_PORT"].isdigit()
+    assert res.env_vars and all(seen["env"][k] == v for k, v in res.env_vars.items() if k not in os.environ)
 
 
 def test_a_run_gets_its_gpus_port_env_and_the_checkout_as_cwd(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from vlmtrain.lab.checks import slurm_preempt as sp
 from vlmtrain.launch import slurm
 
 CASE = sp.CASES["tiny"]
-REF = {s: 10.0 - 0.1 * s for s in range(CASE.iterations)}
+REF = {s: 10.0 - 0.1 * s for s in range(sp.iterations(CASE))}
 
 
 def test_submitted_training_saves_only_on_the_exit_signal(compose, bridge, tmp_path):
@@ -46,7 +46,8 @@ def test_disk_check_sizes_the_30b_checkpoint(tmp_path):
     assert problem is not None and "--ckpt" in problem and "--layers" in problem and str(tmp_path) in problem
     # the fallback for a smaller disk: fewer decoder layers of the same shape, a smaller checkpoint
     two = sp.with_layers(big, 2)
-    assert two.name == "qwen3_vl_30b_a3b_l2" and "model.num_layers=2" in two.model and len(two.model) == len(big.model)
+    assert two.name == "qwen3_vl_30b_a3b_l2" and two.setting("model.num_layers") == "2"
+    assert len(two.overrides) == len(big.overrides) and two.interrupt_after == big.interrupt_after
     assert sp.checkpoint_gib(two) < need - 10
 
 
@@ -63,7 +64,7 @@ def requeued_run(tmp_path: Path, saved: int = 4, logged_before: int = 4, off: fl
     slurm.write_rank_record(str(run_dir), first)
     slurm.write_rank_record(str(run_dir), {**first, "signal": {"name": "SIGUSR2", "forwarded": "SIGTERM"}})
     slurm.write_rank_record(str(run_dir), _record("17", "1"))
-    steps = [*range(logged_before), *range(saved, CASE.iterations)]
+    steps = [*range(logged_before), *range(saved, sp.iterations(CASE))]
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "lm_loss": REF[s] + off}) + "\n"
                                                    for s in steps))
     (ckpt / f"iter_{saved:07d}").mkdir(parents=True)

@@ -100,7 +100,7 @@ def test_cases_are_the_recorded_rows_configs() -> None:
 
 
 @pytest.mark.parametrize(("case", "knobs"), ALL, ids=[c.name for c, _ in ALL])
-def test_every_case_passes_preflight(case: run_cases.Case, knobs: spec.SpecCase) -> None:
+def test_every_case_passes_preflight(case: run_cases.Case, knobs: run_cases.Case) -> None:
     """Packed cases run as capacities that the memory estimate reads: beyond the preset's 12288 tokens (MBS 16,
     which ran out of memory on the GPU as MBS-sample packing) it refuses them."""
     run = composed(case)

@@ -20,8 +20,8 @@ from omegaconf import OmegaConf
 
 from vlmtrain.config.compose import compose
 from vlmtrain.config.resolve import resolve
-from vlmtrain.lab import spec, store
-from vlmtrain.lab.tune import outputs, search, trials
+from vlmtrain.lab import spec
+from vlmtrain.lab.tune import command, ledger, outputs, search, trials
 from vlmtrain.observe import run_summary
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -88,7 +88,7 @@ class ReplayHandle:
         if self.stopped:
             return -15
         if self.i < len(self.rows):
-            store.append_jsonl(self.run_dir / "metrics.jsonl", self.rows[self.i])
+            run_summary.append_jsonl(self.run_dir / "metrics.jsonl", self.rows[self.i])
             self.i += 1
             return None
         return self.rc
@@ -205,7 +205,7 @@ def test_ranking_by_median_of_finalist_repeats(searched: tuple[dict[str, Any], R
     # measure no spread, so the medians are no longer within it
     [call] = state["close"]
     assert call["stage"] == "kernels" and call["names"] == [f["name"] for f in fin] and call["measured_from"] == 0
-    assert call["spread"] == search.SPREAD_PRIOR and call["decided"] == fin[0]["name"]
+    assert call["spread"] == ledger.SPREAD_PRIOR and call["decided"] == fin[0]["name"]
     assert call["spread_after"] == 0.0 and not call["still_close"]
     assert [len(r) for r in call["runs"]] == [2, 2] and f"{fin[0]['name']} (close call) |" in md
     assert state["spread"] == {"value": 0.0, "configs": 4}  # identical replays: the four names run twice
@@ -240,10 +240,10 @@ def test_budget_ends_the_stages_and_keeps_room_for_the_finalists(recordings: dic
     GPU, where later trials start faster): their repeats count as spent, so the stages the budget ended stay ended."""
     full, _, _ = searched
     state = new_search(tmp_path, Replay(recordings), budget_gpu_s=25 * 60).run()
-    saved = json.loads((tmp_path / search.STATE).read_text())
+    saved = json.loads((tmp_path / ledger.STATE).read_text())
     for t in saved["trials"].values():
         t["outcome"]["wall_s"] *= 0.5 if t["stage"] == "finalists" else 1
-    (tmp_path / search.STATE).write_text(json.dumps(saved))
+    (tmp_path / ledger.STATE).write_text(json.dumps(saved))
     again = Replay(recordings)
     assert new_search(tmp_path, again, budget_gpu_s=25 * 60).run()["trials"].keys() == state["trials"].keys()
     assert again.launched == []
@@ -282,9 +282,10 @@ def test_cli_surface() -> None:
     from vlmtrain import cli
 
     commands = next(a for a in cli.parser()._actions if a.dest == "command").choices
-    assert set(commands) == {"report", "profile", "data", "tune", "sweep", "overhead", "export", "wandb"}
+    assert set(commands) == {"report", "profile", "data", "tune", "sweep", "overhead", "export", "wandb", "lab"}
     args = cli.parser().parse_args(["tune", "model=tiny", "--budget-gpu-min", "15", "--versus", "a=1 b=2"])
-    assert args.overrides == ["model=tiny"] and args.budget_gpu_min == 15 and args.func.__name__ == "_tune"
+    assert args.overrides == ["model=tiny"] and args.budget_gpu_min == 15 and args.func is command.run
+    assert cli.parser().parse_args(["lab", "tune", "model=tiny"]).func is command.run
 
 
 def test_first_stage_and_finalists_budget_floor(searched: tuple[dict[str, Any], Replay, Path], tmp_path: Path,
@@ -304,7 +305,7 @@ def test_first_stage_and_finalists_budget_floor(searched: tuple[dict[str, Any], 
         assert "[tune] nothing ran: --budget-gpu-min 8 cannot hold the first stage and the finalists: the layout " \
                "stage runs at least 2 of its 2 candidates, the finalists 4 repeats" in out
         assert "[tune] next: the same command runs nothing again: give --budget-gpu-min 12 or more" in out
-    saved = json.loads((tmp_path / search.STATE).read_text())
+    saved = json.loads((tmp_path / ledger.STATE).read_text())
     assert saved["trials"] == {} and saved["end"]["reason"] == "too_small" and not (tmp_path / "trials").exists()
     assert "**Next**: the same command runs nothing again: give --budget-gpu-min 12 or more." in \
         (tmp_path / "report.md").read_text()
@@ -342,7 +343,7 @@ def h1_dir(tmp: Path) -> tuple[Path, dict[str, Any]]:
     recorded = json.loads(H1_STATE.read_text())
     recorded["base"] = spec.load(H1_SPEC).base
     tmp.mkdir(parents=True, exist_ok=True)
-    (tmp / search.STATE).write_text(json.dumps(recorded))
+    (tmp / ledger.STATE).write_text(json.dumps(recorded))
     return tmp, recorded
 
 
@@ -359,7 +360,7 @@ def test_recorded_search_at_its_budget_has_nothing_left_to_do(tmp_path: Path,
             "--preset-dir", str(tmp_path / "preset"), "--budget-gpu-min", "28", "--versus", H1_VERSUS]
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
-    state = json.loads((out_dir / search.STATE).read_text())
+    state = json.loads((out_dir / ledger.STATE).read_text())
     assert state["trials"].keys() == recorded["trials"].keys()
     assert f"[tune] The budget ended the input stage after 3 of its trial(s): budget: 25.3 of 28 GPU-min spent, the " \
            f"next trial ({W2}) needs ~3.5 and ~6.0 are held for the finalists' repeats; at least 34.9 GPU-min would " \
@@ -397,7 +398,7 @@ def test_wall_limit_shorter_than_a_trial_exits_4_every_time(tmp_path: Path,
                "--max-wall-min 3 itself" in out
         assert "[tune] next: the same command would run nothing: give --max-wall-min 4.5 or more (or leave it out) " \
                "to run the input stage" in out
-    assert json.loads((out_dir / search.STATE).read_text())["trials"].keys() == recorded["trials"].keys()
+    assert json.loads((out_dir / ledger.STATE).read_text())["trials"].keys() == recorded["trials"].keys()
     assert not (tmp_path / "preset").exists()
 
 
@@ -448,8 +449,8 @@ def test_ladder_rung_slower_within_the_spread_is_settled_on_repeats(recordings: 
     cutlass -> cutlass+fused -> none: cutlass+fused is 3.6 % slower, within the spread, so both run again before the
     ladder decides; their medians keep cutlass ahead and the ladder stops there (the last rung is not measured)."""
     state, _, _ = searched
-    screening = {k: t for k, t in state["trials"].items() if t["repeat"] == 0 and t["stage"] != search.FINAL}
-    (tmp_path / search.STATE).write_text(json.dumps({**state, "trials": screening, "close": []}))
+    screening = {k: t for k, t in state["trials"].items() if t["repeat"] == 0 and t["stage"] != ledger.FINAL}
+    (tmp_path / ledger.STATE).write_text(json.dumps({**state, "trials": screening, "close": []}))
     sp = spec.load(SPEC)
     sp.stages[-1] = dataclasses.replace(sp.stages[-1], grids=[{"kernels": ["cutlass", "cutlass+fused", None]}],
                                         ladder=("kernels",))
@@ -459,5 +460,5 @@ def test_ladder_rung_slower_within_the_spread_is_settled_on_repeats(recordings: 
     assert launch.launched[:2] == [f"{cutlass}-it8-r1", f"{fused}-it8-r1"]
     assert again["stages"][-1]["ran"] == [cutlass, fused] and again["stages"][-1]["best"] == cutlass
     [call] = again["close"]
-    assert call["stage"] == "kernels" and call["names"] == [cutlass, fused] and call["spread"] == search.SPREAD_PRIOR
+    assert call["stage"] == "kernels" and call["names"] == [cutlass, fused] and call["spread"] == ledger.SPREAD_PRIOR
     assert [len(r) for r in call["runs"]] == [2, 2] and call["decided"] == cutlass

@@ -66,14 +66,15 @@ def test_h1_batch_stage_prunes_by_the_capacity() -> None:
     batch = s.stages[0]
     cands = space.prune(s, space.candidates(s, [s.defaults],
                                             space.stage_values(batch, run, 1, 1)), 1)
-    live = {c.values["data.packing"]: c.overrides for c in cands if not c.pruned and c.values["data.packing"]}
+    live = {c.case.values["data.packing"]: c.case.overrides for c in cands
+            if not c.pruned and c.case.values["data.packing"]}
     assert {cap: [o for o in ov if o.startswith("train.global")] for cap, ov in live.items()} == {
         4096: ["train.global_batch_size=12"], 8192: ["train.global_batch_size=6"],
         12288: ["train.global_batch_size=4"]}
-    refused = {c.name: c.findings[0] for c in cands if c.pruned}
+    refused = {c.case.name: c.findings[0] for c in cands if c.pruned}
     assert len(refused) == len(cands) - len(live) - 2  # unpacked MBS 1 and 2 fit
     assert all(why.startswith("[error] memory_fits") for why in refused.values())
-    assert {c.values["data.packing"] for c in cands if c.pruned} == {16384, 24576, 32768, False}
+    assert {c.case.values["data.packing"] for c in cands if c.pruned} == {16384, 24576, 32768, False}
 
 
 def test_h1_hand_found_preset_passes_preflight_on_one_h200() -> None:
@@ -169,10 +170,10 @@ def test_space_reaches_every_shipped_preset(preset: str) -> None:
         options = space.prune(s, space.candidates(s, [parent], [{}, *grids]), gpus)  # {}: the parent itself
         assert not options[0].pruned, options[0].findings
         best = min((c for c in options if not c.pruned),
-                   key=lambda c: len(differs(flat([*s.base, *c.overrides], gpus), target)))
-        parent = best.values
-        path.append(f"{stage.name}: {best.name}")
+                   key=lambda c: len(differs(flat([*s.base, *c.case.overrides], gpus), target)))
+        parent = best.case.values
+        path.append(f"{stage.name}: {best.case.name}")
     final = space.prune(s, space.candidates(s, [parent], [{}]), gpus)[0]
-    missing = differs(flat([*s.base, *final.overrides], gpus), target)
+    missing = differs(flat([*s.base, *final.case.overrides], gpus), target)
     assert not missing, f"{preset}: no stage of conf/tune/default.yaml sets {missing} as the preset does; " \
         f"the path: {path}"

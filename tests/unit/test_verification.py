@@ -147,3 +147,13 @@ def test_a_subset_of_checks_runs_only_what_it_rests_on():
     assert verification.needed(("resume",)) == {"a": True, "b": True, "export": False, "c": False}
     assert verification.needed(("parity_import",)) == {"a": False, "b": False, "export": False, "c": False}
     assert verification.needed(("frozen_fsdp",)) == {"a": False, "b": False, "export": False, "c": True}
+
+
+def test_the_training_runs_differ_only_where_they_must(tmp_path: Path) -> None:
+    """Run B is run A's training on its own checkpoint dir, interrupted after KILL_AFTER; run C trains on FSDP."""
+    runs = verification.training(tmp_path, ["model=tiny"])
+    a, b, c = runs["a"], runs["b"], runs["c"]
+    assert [o.replace("ckpt_a", "ckpt_b") for o in a.overrides] == b.overrides
+    assert (a.interrupt_after, b.interrupt_after, c.interrupt_after) == (None, verification.KILL_AFTER, None)
+    assert b.setting("train.checkpoint_dir") == str(tmp_path / "ckpt_b") and a.setting("parallelism") == "3d"
+    assert c.setting("parallelism") == "fsdp" and c.setting("train.iterations") == str(verification.SAVE_INTERVAL)

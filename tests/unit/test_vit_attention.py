@@ -3,6 +3,7 @@ draws them, and the FLOPs it divides by are the attention's."""
 
 from __future__ import annotations
 
+from vlmtrain import cli
 from vlmtrain.lab.micro import vit_attention as va
 
 
@@ -21,5 +22,5 @@ def test_flops_are_forward_and_twice_it_backward() -> None:
 
 
 def test_list_runs_without_a_gpu(capsys) -> None:
-    assert va.main(["--list"]) == 0
+    assert cli.main(["lab", "vit-attention", "--list"]) == 0
     assert "'head_dim': 72" in capsys.readouterr().out

@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from vlmtrain.lab.cases import Case
+
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
 
@@ -17,22 +19,18 @@ LAYERS = 4
 
 @dataclass(frozen=True)
 class Benchmark:
-    """One benchmark's peer: `recipe` (Bridge's recipe function, dotted), `overrides` (vlmtrain's description: the
-    published HF config the recipe would download, the realistic data and offline processor, FLOPs and peak; the
-    recipe's container is not built from it), `hub_layers` (the published decoder depth), `ep` (the recipe's expert
-    parallel size), `changes` (this benchmark's own changed fields, beside COMMON_CHANGES)."""
+    """One benchmark's peer: `recipe` (Bridge's recipe function, dotted), `run` (the peer's case: its name in the
+    results file, under its benchmark's prefix; its overrides, vlmtrain's description of the benchmark: the published
+    HF config the recipe would download, the realistic data and offline processor, FLOPs and peak, from which the
+    recipe's container is not built; the rank it runs), `hub_layers` (the published decoder depth), `ep` (the
+    recipe's expert parallel size), `changes` (this benchmark's own changed fields, beside COMMON_CHANGES)."""
 
     name: str
     recipe: str
-    overrides: tuple[str, ...]
+    run: Case
     hub_layers: int
     ep: int
     changes: tuple[tuple[str, str], ...]
-
-    @property
-    def case(self) -> str:
-        """The peer's case name in the results file (its benchmark's prefix)."""
-        return f"{self.name}_bridge-recipe"
 
     def all_changes(self) -> dict[str, str]:
         """Every field changed from the recipe, and why (kept: everything else)."""
@@ -65,20 +63,31 @@ COMMON_CHANGES = {
                                           "non-TE ColumnParallelLinear fails; STACK.md)",
 }
 
+RANK = "vlmtrain.lab.bridge_recipe_rank"
+"""The peer's one torchrun rank: the recipe through Bridge's pretrain()."""
+
+
+def peer(name: str, overrides: list[str]) -> Case:
+    """A benchmark's peer run: one GPU, its rank RANK."""
+    return Case(f"{name}_bridge-recipe", 1, overrides, module=RANK)
+
+
 H1 = Benchmark(
     "h1", "megatron.bridge.recipes.qwen_vl.h100.qwen3_vl.qwen3_vl_30b_a3b_sft_8gpu_h100_bf16_config",
-    ("model=qwen3_vl_30b_a3b", f"model.num_layers={LAYERS}", "data=realistic", "hardware=h200",
-     "train.seq_length=4096", "gpus_per_node=1", "parallelism=3d", "parallelism.ep=1", "train.micro_batch_size=2",
-     "train.global_batch_size=32", "dispatcher=alltoall", "vision=trainable", "wandb.enabled=false"),
+    peer("h1", ["model=qwen3_vl_30b_a3b", f"model.num_layers={LAYERS}", "data=realistic", "hardware=h200",
+                "train.seq_length=4096", "gpus_per_node=1", "parallelism=3d", "parallelism.ep=1",
+                "train.micro_batch_size=2", "train.global_batch_size=32", "dispatcher=alltoall", "vision=trainable",
+                "wandb.enabled=false"]),
     hub_layers=48, ep=8, changes=())
 """Issue 23: Qwen3-VL-30B-A3B's recipe (every tower trainable, MBS 2, GBS 32, alltoall, in-batch packing deferred to
 its step)."""
 
 H2 = Benchmark(
     "h2", "megatron.bridge.recipes.qwen_vl.h100.qwen35_vl.qwen35_vl_35b_a3b_sft_2gpu_h100_bf16_fsdp_config",
-    ("model=qwen35_vl_35b_a3b", f"model.num_layers={LAYERS}", "data=realistic", "hardware=h200",
-     "train.seq_length=4096", "gpus_per_node=1", "parallelism=fsdp", "parallelism.ep=1", "train.micro_batch_size=4",
-     "train.global_batch_size=32", "dispatcher=alltoall", "vision=trainable", "wandb.enabled=false"),
+    peer("h2", ["model=qwen35_vl_35b_a3b", f"model.num_layers={LAYERS}", "data=realistic", "hardware=h200",
+                "train.seq_length=4096", "gpus_per_node=1", "parallelism=fsdp", "parallelism.ep=1",
+                "train.micro_batch_size=4", "train.global_batch_size=32", "dispatcher=alltoall", "vision=trainable",
+                "wandb.enabled=false"]),
     hub_layers=40, ep=2,
     changes=(("model.mtp_num_layers", "1 -> none (benchmark H2 is the 4 decoder layers: vlmtrain's model and FLOP "
                                       "count have no MTP layer, so both sides do the same work)"),))

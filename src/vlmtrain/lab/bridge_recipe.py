@@ -8,24 +8,22 @@ Useful tokens are counted as vlmtrain counts them (vlmtrain.train.step_counters:
 micro-batch the step consumed, read off the collated batch by a wrapper around the step's data iterator that hands
 each batch on unchanged), and a read-only Bridge callback times each step (CUDA-synchronised wall clock, as
 vlmtrain.observe.metrics_callback) and writes vlmtrain's metrics.jsonl row keys, FLOPs from vlmtrain.observe.flops
-on the same samples. No per-tower timing: its module hooks would change what runs, so the peer's rows have no
-mfu_vit / mfu_projector / mfu_decoder.
+on the same samples: both in the run's one torchrun rank, vlmtrain.lab.bridge_recipe_rank. No per-tower timing:
+its module hooks would change what runs, so the peer's rows have no mfu_vit / mfu_projector / mfu_decoder.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
-import sys
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from megatron.bridge.training.callbacks import Callback
-
 from vlmtrain.config.resolve import resolve
-from vlmtrain.lab import repeats, runner, store
+from vlmtrain.lab import experiments, repeats, runner, store
 from vlmtrain.lab.bridge_benchmarks import BENCHMARKS, ITERATIONS, LAYERS, Benchmark
 from vlmtrain.lab.runner import ROOT
 from vlmtrain.observe import run_summary
@@ -36,12 +34,9 @@ if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
 
     from vlmtrain.config.schema import RunConfig
-    from vlmtrain.train.step_counters import StepCounters
 
 BENCH_FLAG = "--benchmark"
-RANK_FLAG = "--rank"
-MODULE = "vlmtrain.lab.bridge_recipe"
-ENTRY = f"python -m {MODULE}"
+ENTRY = experiments.command(__name__)
 """What each run's row names as its command."""
 
 
@@ -49,7 +44,7 @@ def bench_run(bench: Benchmark, run_dir: Path) -> RunConfig:
     """vlmtrain's description of the benchmark (its data, processor, FLOPs and peak), in `run_dir`."""
     from vlmtrain.config.compose import compose
 
-    return compose(list(bench.overrides), output_dir=str(run_dir))
+    return compose(bench.run.overrides, output_dir=str(run_dir))
 
 
 @contextmanager
@@ -81,7 +76,8 @@ def shipped(bench: Benchmark, run: RunConfig) -> ConfigContainer:
 
     module_name, function = bench.recipe.rsplit(".", 1)
     recipes = importlib.import_module(module_name)
-    published = compose([o for o in bench.overrides if not o.startswith("model.num_layers=")]).model  # as on the hub
+    # the model as on the hub: its published depth
+    published = compose([o for o in bench.run.overrides if not o.startswith("model.num_layers=")]).model
     hf = model.hf_config(published, vision_token_ids(prepare.processor_dir(run)))
     # the recipe reads GPU 0's properties (apply_flex_dispatcher_backend): a dry run presents the declared H200's
     with offline_hub(recipes, hf), target.declared_target(run, resolve(run)):
@@ -142,55 +138,11 @@ def dry_run(bench: Benchmark, run_dir: Path) -> dict[str, Any]:
     return out
 
 
-class PeerMetrics(Callback):
-    """One metrics.jsonl row per step, vlmtrain's keys: it reads the counters and the clock, and changes nothing."""
-
-    def __init__(self, run: RunConfig, counters: StepCounters):
-        self.run, self.counters, self.t0 = run, counters, 0.0
-        self.path = Path(run.output_dir) / "metrics.jsonl"
-
-    def on_train_step_start(self, context: Any) -> None:
-        import torch
-
-        torch.cuda.synchronize()
-        self.t0 = time.perf_counter()
-
-    def on_train_step_end(self, context: Any) -> None:
-        import torch
-
-        from vlmtrain.observe import flops
-        from vlmtrain.observe.metrics_callback import loss_values, step_rates
-
-        torch.cuda.synchronize()
-        step_s = time.perf_counter() - self.t0
-        fl = flops.step_flops(self.run, self.counters.samples)
-        row: dict[str, Any] = {"step": context.state.train_state.step, "step_s": step_s,
-                               "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30, **self.counters.totals,
-                               **step_rates(self.run, self.counters.totals, fl, step_s, 1),
-                               **loss_values(context.loss_dict)}
-        self.counters.reset()
-        store.append_jsonl(self.path, row)
-
-
-def rank_main(bench: Benchmark, run_dir: Path) -> int:
-    """The one torchrun rank: the recipe's container through Bridge's pretrain() and the recipe's forward step."""
-    from megatron.bridge.models.qwen_vl.qwen3_vl_step import forward_step
-    from megatron.bridge.training.pretrain import pretrain
-
-    from vlmtrain.train import trainer
-    from vlmtrain.train.step_counters import StepCounters
-
-    run = bench_run(bench, run_dir)
-    cfg = recipe_config(bench, run)
-    trainer.use_prebuilt_dataset_helpers()  # the core wheel ships the helpers built but no Makefile (STACK.md)
-    counters = StepCounters(run, resolve(run), nullcontext)
-    pretrain(cfg, counters.wrap(forward_step), callbacks=[PeerMetrics(run, counters)])
-    return 0
-
-
 def command(bench: Benchmark, run_dir: Path, port: int) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=1", "--nnodes=1", "--master-port",
-            str(port), "-m", MODULE, BENCH_FLAG, bench.name, RANK_FLAG, str(run_dir)]
+    """The peer's rank (vlmtrain.lab.bridge_recipe_rank) through torchrun, as a training run's ranks start."""
+    from vlmtrain.launch import local
+
+    return local.torchrun(bench.run.module, [bench.name, str(run_dir)], bench.run.gpus, 1, port)
 
 
 def run_once(bench: Benchmark, i: int, machine_run: str, out: Path, results_path: Path) -> dict[str, Any] | None:
@@ -211,30 +163,26 @@ def run_once(bench: Benchmark, i: int, machine_run: str, out: Path, results_path
     if rc != 0 or "useful_tokens_per_s_per_gpu" not in summary:
         print((run_dir / "train.log").read_text()[-4000:], flush=True)
         return None
-    return store.append(results_path, bench.case, ENTRY, summary, machine_run=machine_run, run=i, wall_s=wall,
-                        recipe=bench.recipe, changes=bench.all_changes(), config=list(bench.overrides))
+    return store.append(results_path, bench.run.name, ENTRY, summary, machine_run=machine_run, run=i, wall_s=wall,
+                        recipe=bench.recipe, changes=bench.all_changes(), config=list(bench.run.overrides))
 
 
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(BENCH_FLAG, choices=sorted(BENCHMARKS), default="h1", help="which benchmark's recipe")
     ap.add_argument("--repeats", type=int, default=3, help="runs on this machine run (recorded ones are skipped)")
     ap.add_argument("--dry-run", action="store_true", help="CPU: build the recipe's container and validate it")
     ap.add_argument("--results", type=Path, default=ROOT / "results" / "perf_h200.jsonl")
     ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "bridge_recipe")
     ap.add_argument("--budget-s", type=float, default=None, help="start no run that would end after this many s")
-    ap.add_argument(RANK_FLAG, type=Path, help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
     bench = BENCHMARKS[args.benchmark]
-    if args.rank:
-        return rank_main(bench, args.rank)
     if args.dry_run:
         dry_run(bench, args.out / f"dry-run-{bench.name}")
         return 0
     machine_run = store.machine_run()
-    have = repeats.done(args.results, bench.case, machine_run)
+    have = repeats.done(args.results, bench.run.name, machine_run)
     print(f"[bridge-recipe] {have} of {args.repeats} runs recorded on {machine_run}", flush=True)
     t0, walls = time.monotonic(), []
     for i in range(have, args.repeats):
@@ -246,10 +194,6 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         walls.append(time.monotonic() - started)
     if have < args.repeats:
-        repeats.append_summary(args.results, bench.case, machine_run,
+        repeats.append_summary(args.results, bench.run.name, machine_run,
                                f"{ENTRY} {BENCH_FLAG} {bench.name} --repeats {args.repeats}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

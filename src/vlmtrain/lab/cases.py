@@ -1,19 +1,19 @@
-"""Run named train.py cases on this GPU node and append one row per case to results/<suite>.jsonl. (Benchmarks with
+"""The lab's one definition of a named run, `Case`, with the shared model baselines and the real-file datasets cases
+read: every experiment names its runs with them (docs/benchmarks.md, "Adding an experiment"). And the `cases`
+experiment: named train.py cases run on this GPU node, one row per case in results/<suite>.jsonl. (Benchmarks with
 repeats and medians are specs of `vlmtrain sweep`: conf/tune/perf_h200.yaml holds the one-H200 packing cases.)
 
-    python -m vlmtrain.lab.cases gpu_training [--only NAME ...] [--results results/gpu_training.jsonl]
+    vlmtrain lab cases gpu_training [--only NAME ...] [--results results/gpu_training.jsonl]
 
 Cases that fit on fewer GPUs than the node has run side by side (CUDA_VISIBLE_DEVICES slots). Each case is a
 plain `python train.py <overrides>` run (vlmtrain.lab.runner); its metrics.jsonl / checks.json are summarized by
-vlmtrain.observe.run_summary. `Case` and the model baselines below are the lab's one definition of a named run:
-sweeps, the overhead A/B, the profile, the GPU checks and the acceptance suite build theirs from them.
+vlmtrain.observe.run_summary.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,27 @@ TINY_QWEN35 = ["model=tiny_qwen35"]
 SHAPE_235B = ["model=qwen3_vl_235b_a22b", "model.num_layers=1", "model.vit.deepstack_indexes=[8]", "data=realistic"]
 
 
+INPUTS = "{inputs}"
+"""Placeholder in a case's overrides for the folder `export_inputs` writes the real-file datasets into."""
+EXPORTS = {"jsonl": 0, "parquet": 0, "hf": 0, "energon": 0, "parquet_bad": 2}
+"""Folder under INPUTS -> its corrupt images (the format is the folder name's first part)."""
+
+
+def export_inputs(inputs: Path) -> None:
+    """The shipped sample photos in each file format a case reads (what `vlmtrain data export` writes), each folder
+    once."""
+    from vlmtrain.data.export import export
+
+    for folder, corrupt in EXPORTS.items():
+        if not (inputs / folder).exists():
+            export(folder.split("_")[0], inputs / folder, corrupt=corrupt)
+
+
+def with_inputs(overrides: list[str], inputs: Path) -> list[str]:
+    """The overrides with INPUTS replaced by the folder."""
+    return [o.replace(INPUTS, str(inputs)) for o in overrides]
+
+
 def steps(iterations: int, global_batch_size: int = 8) -> list[str]:
     """A baseline's length: train.iterations and train.global_batch_size."""
     return [f"train.iterations={iterations}", f"train.global_batch_size={global_batch_size}"]
@@ -45,11 +66,33 @@ def steps(iterations: int, global_batch_size: int = 8) -> list[str]:
 
 @dataclass
 class Case:
-    """A named `python train.py` run: its overrides and the GPUs it holds."""
+    """A named run of the lab: `python train.py <overrides>` on `gpus` GPUs (or, with `module`, that module in each
+    rank), and what it must end with. A spec's cases, tune's candidates, the preemption check's sizes, the acceptance
+    suite, packing equivalence and the verification runs are all Cases; what an experiment needs beside one holds
+    one (a tune candidate: its pruning)."""
 
     name: str
-    gpus: int
+    gpus: int = 1
     overrides: list[str] = field(default_factory=list)
+    values: dict[str, Any] = field(default_factory=dict)
+    """The spec's knob values the case was made from (vlmtrain.lab.spec: a search's next stage varies them)."""
+    module: str | None = None
+    """What each torchrun rank runs on the case's saved run config instead of training (runner.start_ranks: a
+    check's own rank); None: `python train.py`."""
+    multirun: bool = False
+    """`python train.py -m`: its overrides are a sweep, run in a sweep dir of its own."""
+    exclusive: bool = False
+    """Runs with no other case beside it on its GPUs (a large model); other cases run side by side where they fit."""
+    interrupt_after: int | None = None
+    """The logged step after which a check interrupts the run (a kill, a preemption signal)."""
+    expect_rc: int = 0
+    expect: dict[str, Any] = field(default_factory=dict)
+    """What else its run must show (the acceptance suite's verdict: skipped_samples, message, sweep_jobs,
+    max_first_step_s)."""
+
+    def setting(self, key: str) -> str | None:
+        """The value the overrides give `key` (the last one, as Hydra takes it); None where they give none."""
+        return next((o.split("=", 1)[1] for o in reversed(self.overrides) if o.split("=", 1)[0] == key), None)
 
 
 TINY_12 = [*TINY, *steps(12)]
@@ -125,13 +168,14 @@ def batches(cases: list[Case], gpus: int) -> list[list[Case]]:
     return [*out, cur] if cur else out
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("suite", choices=sorted(SUITES))
     ap.add_argument("--only", nargs="*", help="case names (substring match)")
     ap.add_argument("--results", type=Path, help="default: results/<suite>.jsonl")
     ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "cases")
-    args = ap.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
     gpus = local_gpus()
     cases = [c for c in SUITES[args.suite] if not args.only or any(s in c.name for s in args.only)]
     cases = [c for c in cases if c.gpus <= gpus]
@@ -156,7 +200,3 @@ def record(case: Case, rc: int, run_dir: Path, wall: float, results_path: Path, 
         print(log.read_text()[-4000:] if log.exists() else f"(no {log})", flush=True)
         return None
     return store.append(results_path, case.name, cmd, summary, checks=checks, wall_s=round(wall, 1), **extra)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

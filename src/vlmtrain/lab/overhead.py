@@ -17,7 +17,6 @@ import os
 import random
 import re
 import statistics
-import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -68,8 +67,9 @@ PORT = "29500"
 
 def direct_command(run_config: Path, gpus: int, port: str) -> list[str]:
     """torchrun exactly as vlmtrain.launch.local starts vlmtrain.worker, with the direct module instead."""
-    return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={gpus}", "--nnodes=1",
-            "--master-port", port, "-m", BRIDGE_ALONE, str(run_config)]
+    from vlmtrain.launch import local
+
+    return local.torchrun(BRIDGE_ALONE, [str(run_config)], gpus, 1, port)
 
 
 def direct_run_config(source: Path, run_dir: Path) -> Path:

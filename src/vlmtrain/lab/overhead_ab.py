@@ -11,8 +11,8 @@ pretrain() on the IDENTICAL ConfigContainer (vlmtrain.lab.overhead: the measurem
 Post-warm-up steps of all pairs are pooled: medians, the median of per-step ratios (both sides train the same
 samples in the same order) and an interval over pairs. Pairs alternate their order (a b, b a, ...) so that a drift
 over the session does not land on one side. Rows `overhead_<case>` go to the spec's results file, one per pair as it
-ends and a pooled one; with the spec's iterations, pair 0's (a) run is also recorded as the case's own row. One
-device command holds two pairs of the best case, so --pool joins the rows of several invocations on one machine.
+ends and a pooled one; with the spec's iterations, pair 0's (a) run is also recorded as the case's own row. A
+10-minute command holds two pairs of the best case, so --pool joins the rows of several invocations on one machine.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from typing import Any
 
 from vlmtrain.lab import bridge_alone as direct_pretrain
 from vlmtrain.lab import cases as run_cases
+from vlmtrain.lab import spec as spec_module
 from vlmtrain.lab import store
 from vlmtrain.lab.cases import ROOT, Case
 from vlmtrain.lab.overhead import (
@@ -96,7 +97,7 @@ def run_pair(case: Case, i: int, args: argparse.Namespace) -> dict[str, Any] | N
 
 def pool(name: str, k: int, results_path: Path, command: str) -> dict[str, Any]:
     """One row from the pairs of the last k rows named `name` (invocations of one session on one machine: same
-    date, machine and config, else refused), so a session split into device commands gives one measurement."""
+    date, machine and config, else refused), so a session split into several commands gives one measurement."""
     from vlmtrain.observe import run_summary
 
     rows = [r for r in run_summary.read_jsonl(results_path) if r["name"] == name and "pairs_detail" in r
@@ -105,10 +106,9 @@ def pool(name: str, k: int, results_path: Path, command: str) -> dict[str, Any]:
         raise SystemExit(f"--pool {k}: need {k} rows of {name} from one date, machine and config in "
                          f"{results_path}, found {[(r['date'], r['machine']) for r in rows]}")
     pairs = [p for r in rows for p in r["pairs_detail"]]
-    row = dict(rows[-1], command=command, metrics=overhead_metrics(pairs), pairs_detail=pairs,
-               pooled=[r["command"] for r in rows])
-    store.append_jsonl(results_path, row)
-    return row
+    kept = {k: v for k, v in rows[-1].items() if k not in ("name", "command", "metrics", "pairs_detail")}
+    return store.append(results_path, name, command, overhead_metrics(pairs), **kept, pairs_detail=pairs,
+                        pooled=[r["command"] for r in rows])
 
 
 def profile_summary(run_dir: Path) -> dict[str, Any] | None:
@@ -116,6 +116,12 @@ def profile_summary(run_dir: Path) -> dict[str, Any] | None:
     from vlmtrain.report import profile
 
     return profile.summarize(run_dir) if (run_dir / profile.TRACE).exists() else None
+
+
+def run(args: argparse.Namespace) -> int:
+    """`main` on the spec named (exit 2 for one that is not)."""
+    sp = spec_module.for_command(args, "overhead")
+    return 2 if sp is None else main(sp, args)
 
 
 def main(spec: Spec, args: argparse.Namespace) -> int:
@@ -151,6 +157,7 @@ def main(spec: Spec, args: argparse.Namespace) -> int:
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("spec", help="conf/tune/<spec>.yaml (e.g. perf_h200x2) or a path")
     ap.add_argument("--case", help="case name of the spec (substring; default: its defaults' case)")
     ap.add_argument("--pairs", type=int, default=2)
     ap.add_argument("--iterations", type=int, default=ITERATIONS)

@@ -2,7 +2,7 @@
 `train.profile_step` (Bridge's PyTorch profiler on that step, rank 0, call stacks), summarized by
 vlmtrain.report.profile, one row in results/profile_<spec without perf_>.jsonl (perf_h200x2 -> profile_h200x2).
 
-    python -m vlmtrain.lab.profile_step [--spec perf_h200x2] [--case NAME] [--step 5] [--extra OVERRIDE ...]
+    vlmtrain lab profile-step [--spec perf_h200x2] [--case NAME] [--step 5] [--extra OVERRIDE ...]
     vlmtrain profile <run dir or trace>      # the summary alone, of any run started with train.profile_step=N
 """
 
@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from vlmtrain.lab import cases as run_cases
-from vlmtrain.lab import spec, store, sweep
+from vlmtrain.lab import experiments, spec, store, sweep
 from vlmtrain.lab.cases import ROOT, Case
 from vlmtrain.observe import run_summary
 from vlmtrain.report import profile
@@ -27,8 +27,7 @@ def profile_case(case: Case, step: int) -> Case:
     return Case(f"profile_{case.name}", case.gpus, [*kept, *extra])
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--spec", default="perf_h200x2", help="the sweep spec the case comes from (conf/tune/<spec>.yaml)")
     ap.add_argument("--case", default=None, help="a case name of the spec (any sweep); default: its `best` entry, "
                     "else its first case")
@@ -36,14 +35,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--extra", nargs="*", default=[], help="overrides added to the case (e.g. what a fix changes)")
     ap.add_argument("--results", type=Path, default=None, help="default results/profile_<spec without perf_>.jsonl")
     ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "profile")
-    args = ap.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
     perf = spec.load(args.spec)
     expanded = perf.expand(["all"])
     cases = {c.name: sweep.as_run_case(perf, c, int(perf.get("iterations"))) for c in expanded}
     args.case = args.case or (perf.case(perf.get("best")) if perf.get("best") else expanded[0]).name
     args.results = args.results or ROOT / "results" / f"profile_{args.spec.removeprefix('perf_')}.jsonl"
     if args.case not in cases:
-        raise SystemExit(f"unknown case {args.case!r}; see vlmtrain sweep {args.spec} --sweep all --list")
+        print(f"unknown case {args.case!r}; see vlmtrain sweep {args.spec} --sweep all --list", file=sys.stderr)
+        return 2
     base = cases[args.case]
     case = profile_case(Case(base.name, base.gpus, [*base.overrides, *args.extra]), args.step)
     t0 = time.time()
@@ -57,11 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     metrics.update({f"kernel_ms_{k.replace('/', '_')}": v for k, v in s["kernel_ms_by_family"].items()})
     # the run's median step; its rates are left out: the profiled step includes writing the trace
     metrics.update({k: v for k, v in run_summary.summarize(run_dir).items() if k in ("step_s", "peak_mem_gib")})
-    store.append(args.results, case.name, "python -m vlmtrain.lab.profile_step " + " ".join(argv or sys.argv[1:]),
-                   metrics, config=run_cases.overrides(case), wall_s=round(time.time() - t0, 1),
-                   **{k: s[k] for k in ("top_kernels_ms", "kernel_ms_by_python_site", "idle_ms_by_python_site")})
+    store.append(args.results, case.name, experiments.typed(args), metrics, config=run_cases.overrides(case),
+                 wall_s=round(time.time() - t0, 1),
+                 **{k: s[k] for k in ("top_kernels_ms", "kernel_ms_by_python_site", "idle_ms_by_python_site")})
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

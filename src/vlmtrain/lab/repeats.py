@@ -4,7 +4,7 @@ of each headline metric over the runs (never the best of them), so a claim carri
 A run row is a results row with `machine_run` (vlmtrain.lab.store.machine_run says what it is) and `run` (its
 number within the machine run); the case's summary row is `<case>_summary` with the same `machine_run` and `runs`.
 Runs already recorded for a machine run are not run again (`done`), so a case's repeats may be split over several
-device calls.
+invocations on one machine.
 
 The peer ratio `vs_bridge_recipe` of benchmark H1 (issue 23) and H2 (issue 48): vlmtrain's best median of the
 benchmark / Bridge's own recipe's median (useful tokens/s), written as its own row (`vs-bridge-recipe_<machine run>`

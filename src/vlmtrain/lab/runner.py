@@ -1,8 +1,10 @@
 """One way to start a `python train.py` run from the lab: the command, its env, run dir, log, timeout and GPU slot.
 
-Every experiment that trains (sweeps, tune's trials, the overhead A/B, the GPU checks and the acceptance suite)
-starts its runs here, so they all see the same environment rules and leave the same files behind. `start` builds a
-train.py run; `spawn`, its lower layer, starts any command the same way (the torchrun ranks of Bridge-only peers).
+Every process the lab starts begins here (sweeps, tune's trials, the overhead A/B, the GPU checks and the acceptance
+suite), so they all see the same environment rules and leave the same files behind. `start` builds a train.py run;
+`start_ranks` starts a composed run's ranks running a module of their own (a check's rank: what `python train.py`
+launches, with another module in place of vlmtrain.worker); `spawn`, their lower layer, starts any command the same
+way (the torchrun ranks of Bridge-only peers, a check's step in a process of its own).
 
 Each run is a session of its own (a process group): stopping or killing it takes the launcher, torchrun and every
 rank with it, and a timeout kills the whole tree rather than leaving a rank holding the GPU.
@@ -20,10 +22,15 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 
 from vlmtrain.config.compose import CONF_DIR
+
+if TYPE_CHECKING:
+    from vlmtrain.config.resolve import Resolved
+    from vlmtrain.config.schema import RunConfig
 
 ROOT = CONF_DIR.parent
 """The checkout: train.py, results/ and outputs/ (the lab runs from a source checkout)."""
@@ -46,11 +53,13 @@ def free_port() -> int:
             return port
 
 
-def argv(overrides: Sequence[str], run_dir: Path, multirun: bool = False, subdir: str | None = None) -> list[str]:
-    """`python train.py [-m] <overrides> hydra.run.dir=<run_dir>` (hydra.sweep.dir, and its subdir, with -m)."""
+def argv(overrides: Sequence[str], run_dir: Path, multirun: bool = False, subdir: str | None = None,
+         checkout: Path = ROOT) -> list[str]:
+    """`python train.py [-m] <overrides> hydra.run.dir=<run_dir>` (hydra.sweep.dir, and its subdir, with -m), the
+    train.py of `checkout` (default: this one)."""
     where = [f"hydra.sweep.dir={run_dir}", *([f"hydra.sweep.subdir={subdir}"] if subdir else [])] if multirun \
         else [f"hydra.run.dir={run_dir}"]
-    return [sys.executable, str(TRAIN_PY), *(["-m"] if multirun else []), *overrides, *where]
+    return [sys.executable, str(checkout / TRAIN_PY.name), *(["-m"] if multirun else []), *overrides, *where]
 
 
 def recorded(overrides: Sequence[str], multirun: bool = False) -> str:
@@ -151,11 +160,26 @@ def spawn(cmd: Sequence[str], run_dir: Path, *, log: Path | None = None, env: Ma
 
 def start(overrides: Sequence[str], run_dir: Path, *, multirun: bool = False, subdir: str | None = None,
           log: Path | None = None, env: Mapping[str, str] | None = None, gpus: Sequence[int] | None = None,
-          port: int | None = None, timeout_s: float | None = None, fresh: bool = False) -> Run:
-    """`python train.py [-m] <overrides>` into run_dir (hydra.run.dir, or hydra.sweep.dir with `multirun`): see
-    `argv` for the command and `spawn` for the rest. A single run gets MASTER_PORT (`env`'s, else `port`, else a free
-    one); a multirun's jobs take their own (launch.local: a free one each; launch.slurm: one from the job id)."""
+          port: int | None = None, timeout_s: float | None = None, fresh: bool = False, checkout: Path = ROOT) -> Run:
+    """`python train.py [-m] <overrides>` into run_dir (hydra.run.dir, or hydra.sweep.dir with `multirun`), run in
+    `checkout`: see `argv` for the command and `spawn` for the rest. A single run gets MASTER_PORT (`env`'s, else
+    `port`, else a free one); a multirun's jobs take their own (launch.local: a free one each; launch.slurm: one from
+    the job id)."""
     if not multirun and not (env or {}).get("MASTER_PORT"):
         port = port or free_port()
-    return spawn(argv(overrides, run_dir, multirun, subdir), run_dir, log=log, env=env, gpus=gpus, port=port,
-                 timeout_s=timeout_s, fresh=fresh)
+    return spawn(argv(overrides, run_dir, multirun, subdir, checkout), run_dir, log=log, env=env, gpus=gpus,
+                 port=port, timeout_s=timeout_s, fresh=fresh, cwd=checkout)
+
+
+def start_ranks(run: RunConfig, res: Resolved, module: str, *, log: Path | None = None,
+                gpus: Sequence[int] | None = None, timeout_s: float | None = None) -> Run:
+    """The ranks of a composed and resolved run, launched as `python train.py` launches them (its saved run config,
+    torchrun, the resolved env vars unless set, a free MASTER_PORT), each running `module` (a Case's) on the saved
+    config instead of vlmtrain.worker; the run dir is the run's output_dir. The caller has run preflight and the
+    data scan, as vlmtrain.flow does before it launches."""
+    from vlmtrain.launch import local
+
+    path, lay, port = local.save_run_config(run, res), res.layout, free_port()
+    env = {k: v for k, v in res.env_vars.items() if k not in os.environ}
+    return spawn(local.torchrun(module, [str(path)], lay.gpus_per_node, lay.nodes, port), Path(run.output_dir),
+                 log=log, env=env, gpus=gpus, port=port, timeout_s=timeout_s)

@@ -11,8 +11,10 @@ run as packing by token budget (`mbs_as_capacity()`).
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ from typing import Any
 import yaml
 
 from vlmtrain.config.compose import CONF_DIR
+from vlmtrain.lab.cases import Case
 
 SPEC_DIR = CONF_DIR / "tune"
 LAYOUT = re.compile(r"^(fsdp|3d)((?:-(?:tp|pp|vpp|cp|ep|etp)\d+)*)$")
@@ -104,16 +107,6 @@ class Knob:
 
 
 @dataclass(frozen=True)
-class SpecCase:
-    """A spec's case: its knob values, the overrides they make and the name they give."""
-
-    name: str
-    values: dict[str, Any]
-    overrides: list[str]
-    """The knobs' overrides (the spec's `base` not included)."""
-
-
-@dataclass(frozen=True)
 class Stage:
     name: str
     grids: list[dict[str, Any]]
@@ -152,8 +145,9 @@ class Spec:
             raise SpecError(f"{self.name}: unknown knob {unknown[0]!r} (knobs: {', '.join(self.knobs)})")
         return {**self.defaults, **entry}
 
-    def case(self, entry: dict[str, Any]) -> SpecCase:
-        """The case of `entry` (knob -> value, over the defaults)."""
+    def case(self, entry: dict[str, Any]) -> Case:
+        """The case of `entry` (knob -> value, over the defaults): its name, the knobs' overrides (the spec's `base`
+        not included), the spec's GPUs and the knob values."""
         values = self.values(entry)
         parts = [p for k, knob in self.knobs.items() for p in knob.name_parts(values.get(k))]
         name = "_".join([self.get("prefix"), *parts] if self.get("prefix") else parts)
@@ -161,7 +155,7 @@ class Spec:
         for k, knob in self.knobs.items():
             if knob.mbs_as_capacity and values.get(k) is True:
                 overrides = mbs_as_capacity(overrides, k, **knob.mbs_as_capacity)
-        return SpecCase(name, values, overrides)
+        return Case(name, int(self.get("gpus", 1)), overrides, values=values)
 
     def entries(self, sweep: str) -> list[dict[str, Any]]:
         """A sweep's cases as knob -> value mappings (grids expanded in order)."""
@@ -176,10 +170,10 @@ class Spec:
                 out.append({**fixed, **dict(zip(grid, combo, strict=True))})
         return out
 
-    def expand(self, sweeps: list[str], only: list[str] | None = None) -> list[SpecCase]:
+    def expand(self, sweeps: list[str], only: list[str] | None = None) -> list[Case]:
         """The cases of the named sweeps ("all": every sweep), in order, each once (sweeps share cases)."""
         names = list(self.get("sweeps") or {}) if "all" in sweeps else sweeps
-        seen: dict[str, SpecCase] = {}
+        seen: dict[str, Case] = {}
         for sweep in names:
             for entry in self.entries(sweep):
                 case = self.case(entry)
@@ -213,6 +207,18 @@ def _stage(raw: dict[str, Any]) -> Stage:
 def path_of(name: str | Path) -> Path:
     path = Path(name)
     return path if path.suffix == ".yaml" else SPEC_DIR / f"{name}.yaml"
+
+
+def for_command(args: argparse.Namespace, command: str) -> Spec | None:
+    """The spec `args.spec` names, for `vlmtrain <command>`, which sets `args.entry` (`vlmtrain <command> <spec>`: the
+    command its rows and report name); None, the reason on stderr, where there is no such spec."""
+    try:
+        spec = load(args.spec)
+    except SpecError as e:
+        print(f"vlmtrain {command}: {e}", file=sys.stderr)
+        return None
+    args.entry = f"vlmtrain {command} {args.spec}"
+    return spec
 
 
 def load(name: str | Path) -> Spec:

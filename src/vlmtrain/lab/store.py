@@ -1,5 +1,5 @@
-"""The results store: one JSON row per measured run appended to results/<topic>.jsonl, and the rule that picks a
-name's current row.
+"""The results store: every row the lab writes, one JSON row per measured run appended to results/<topic>.jsonl,
+and the rule that picks a name's current row.
 
 A row is {name, command, date, machine, machine_run, metrics, ...}; metric keys carry units (the run's own figures
 come from vlmtrain.observe.run_summary). Medians of repeats on one machine run are vlmtrain.lab.repeats'.
@@ -8,13 +8,16 @@ come from vlmtrain.observe.run_summary). Medians of repeats on one machine run a
 from __future__ import annotations
 
 import datetime as dt
+import json
 import subprocess
 from pathlib import Path
 from typing import Any
 
-from vlmtrain.observe.run_summary import append_jsonl, read_jsonl
+from vlmtrain.observe.run_summary import append_jsonl
 
-__all__ = ["append", "append_jsonl", "latest", "machine", "machine_run", "read_jsonl"]
+IDENTITY = ("date", "machine", "machine_run")
+"""What a row says about where and when it was measured: this machine today, unless the row is derived from rows
+or runs of another machine or day and keeps theirs."""
 
 
 def latest(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -26,9 +29,9 @@ def latest(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def machine_run() -> str:
-    """`boot-<first 8 hex of the kernel's boot id>`: a lent GPU machine boots fresh, so runs with the same boot id ran
-    on one machine hold (one machine run). Machines of one kind differ by more than the effects measured, so medians
-    and ratios compare only runs of one machine run."""
+    """`boot-<first 8 hex of the kernel's boot id>`: a GPU machine boots fresh for each session, so runs with the
+    same boot id ran on one machine (one machine run). Machines of one kind differ by more than the effects measured,
+    so medians and ratios compare only runs of one machine run."""
     try:
         return "boot-" + Path("/proc/sys/kernel/random/boot_id").read_text().strip()[:8]
     except OSError:
@@ -46,16 +49,24 @@ def machine() -> str:
         return "cpu"
 
 
-def append(results: Path, name: str, command: str, metrics: dict[str, Any], **extra: Any) -> dict[str, Any]:
-    row = {
-        "name": name,
-        "command": command,
-        "date": dt.date.today().isoformat(),
-        "machine": machine(),
-        "machine_run": machine_run(),
-        "metrics": metrics,
-        **extra,
-    }
+def row(name: str, command: Any, metrics: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    """A results row: name, command, the IDENTITY fields (today and this machine's, where `extra` does not give
+    them), metrics, then `extra`."""
+    today = {"date": lambda: dt.date.today().isoformat(), "machine": machine, "machine_run": machine_run}
+    ident = {k: extra.pop(k) if k in extra else today[k]() for k in IDENTITY}
+    return {"name": name, "command": command, **ident, "metrics": metrics, **extra}
+
+
+def append(results: Path, name: str, command: Any, metrics: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    """`row(...)` appended to the results file; returns it."""
+    out = row(name, command, metrics, **extra)
     results.parent.mkdir(parents=True, exist_ok=True)
-    append_jsonl(results, row)
-    return row
+    append_jsonl(results, out)
+    return out
+
+
+def rewrite(results: Path, rows: list[dict[str, Any]]) -> None:
+    """A results file that is derived whole from other rows (the memory estimates of the measured peaks): written
+    again from `rows`, each made by `row`."""
+    results.parent.mkdir(parents=True, exist_ok=True)
+    results.write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -3,7 +3,7 @@ case after another through the trial runner (`python train.py -m`, as `vlmtrain 
 case in the spec's results file (vlmtrain.observe.run_summary; metrics from summarize, the full override list as
 `config`); `--report` writes <results>.md from that file alone. With `--repeats N` (default: the spec's `repeats`, else
 1) each case runs until this machine run has N finished runs of it (one row each, with `machine_run` and `run`;
-runs already recorded for the machine run are skipped, so repeats may span device calls), then its summary row:
+runs already recorded for the machine run are skipped, so repeats may span invocations), then its summary row:
 median and min-max (vlmtrain.lab.repeats).
 
     vlmtrain sweep perf_h200x2 --sweep mbs parallelism [--only SUBSTR ...] [--iterations 8]
@@ -16,6 +16,7 @@ median and min-max (vlmtrain.lab.repeats).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -23,8 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 from vlmtrain.lab import cases as run_cases
 from vlmtrain.lab import repeats, store, sweep_report
-from vlmtrain.lab.cases import ROOT
-from vlmtrain.lab.spec import Spec, SpecCase
+from vlmtrain.lab import spec as spec_module
+from vlmtrain.lab.cases import ROOT, Case
+from vlmtrain.lab.spec import Spec
 from vlmtrain.lab.tune import trials
 
 if TYPE_CHECKING:
@@ -32,13 +34,13 @@ if TYPE_CHECKING:
     from vlmtrain.config.schema import RunConfig
 
 
-def as_run_case(spec: Spec, case: SpecCase, iterations: int) -> run_cases.Case:
-    """The case as benchmark rows record it: every override of `python train.py`, the GPUs it holds."""
-    return run_cases.Case(case.name, int(spec.get("gpus", 1)),
-                          [*spec.base, *case.overrides, f"train.iterations={iterations}"])
+def as_run_case(spec: Spec, case: Case, iterations: int) -> Case:
+    """The case as benchmark rows record it: every override of `python train.py` (the spec's base, the knobs'
+    overrides, the iterations)."""
+    return dataclasses.replace(case, overrides=[*spec.base, *case.overrides, f"train.iterations={iterations}"])
 
 
-def composed(spec: Spec, case: SpecCase, **compose_kw: str) -> tuple[RunConfig, Resolved]:
+def composed(spec: Spec, case: Case, **compose_kw: str) -> tuple[RunConfig, Resolved]:
     """The case as `python train.py <case> dry_run=true` composes it, placed on its declared world and resolved."""
     from vlmtrain.check.defaults import placed
     from vlmtrain.config.compose import compose
@@ -47,7 +49,7 @@ def composed(spec: Spec, case: SpecCase, **compose_kw: str) -> tuple[RunConfig, 
     return run, placed(run, node_gpus=0)[1]  # a dry run: the declared world, whatever this node has
 
 
-def table(spec: Spec, cases: list[SpecCase], status: dict[str, str] | None = None) -> str:
+def table(spec: Spec, cases: list[Case], status: dict[str, str] | None = None) -> str:
     """One line per case: the layout and the batch arithmetic (config.resolve's grad-accum)."""
     w = max(len(c.name) for c in cases)
     lines = [f"{'case':<{w}}  {'layout':<12} {'MBS':>3} {'accum':>5}  status"]
@@ -59,7 +61,7 @@ def table(spec: Spec, cases: list[SpecCase], status: dict[str, str] | None = Non
     return "\n".join(lines)
 
 
-def dry_run(spec: Spec, cases: list[SpecCase], out: Path) -> dict[str, str]:
+def dry_run(spec: Spec, cases: list[Case], out: Path) -> dict[str, str]:
     """What `python train.py <case> dry_run=true` does (preflight, build, Bridge's runtime_config_update for the
     declared world), in this one process so Bridge is imported once."""
     from vlmtrain.build import plan
@@ -91,7 +93,7 @@ def mock_ratio_row(spec: Spec, ran: set[str], results_path: Path, command: str) 
                           config={"real": real["config"], "mock": mock["config"]})
 
 
-def run_case(spec: Spec, case: SpecCase, args: argparse.Namespace, trial_dir: Path | None = None,
+def run_case(spec: Spec, case: Case, args: argparse.Namespace, trial_dir: Path | None = None,
              **extra: Any) -> dict[str, Any] | None:
     """One case through the trial runner (no early stopping: every case is measured), its row appended."""
     rc_case = as_run_case(spec, case, args.iterations)
@@ -103,7 +105,7 @@ def run_case(spec: Spec, case: SpecCase, args: argparse.Namespace, trial_dir: Pa
                             config=run_cases.overrides(rc_case), runner=args.runner, **extra)
 
 
-def pending(cases: list[SpecCase], args: argparse.Namespace, machine_run: str) -> list[tuple[SpecCase, int]]:
+def pending(cases: list[Case], args: argparse.Namespace, machine_run: str) -> list[tuple[Case, int]]:
     """(case, run number) still to run on this machine run: each case's runs up to --repeats, the recorded ones left
     out. Runs alternate between cases (every case's run 1, then run 2, ...): drift on the machine run touches each
     case alike, and a budget cut leaves every case with about as many runs."""
@@ -114,6 +116,12 @@ def pending(cases: list[SpecCase], args: argparse.Namespace, machine_run: str) -
             print(f"[sweep] {case.name}: {have} of {args.repeats} runs already recorded on {machine_run}", flush=True)
         todo += [(case, i) for i in range(have, args.repeats)]
     return sorted(todo, key=lambda t: t[1])
+
+
+def run(args: argparse.Namespace) -> int:
+    """`main` on the spec named (exit 2 for one that is not)."""
+    sp = spec_module.for_command(args, "sweep")
+    return 2 if sp is None else main(sp, args)
 
 
 def main(spec: Spec, args: argparse.Namespace) -> int:
@@ -137,7 +145,7 @@ def main(spec: Spec, args: argparse.Namespace) -> int:
         return 2
     case_s = int(spec.get("case_s", 120))
     print(f"[sweep] {len(cases)} case(s) x {args.repeats} run(s), ~{len(cases) * args.repeats * case_s / 60:.0f} min "
-          f"of device time at ~{case_s} s each")
+          f"of GPU time at ~{case_s} s each")
     if args.list:
         print(table(spec, cases))
         return 0
@@ -179,6 +187,7 @@ def main(spec: Spec, args: argparse.Namespace) -> int:
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("spec", help="conf/tune/<spec>.yaml (e.g. perf_h200x2) or a path")
     ap.add_argument("--sweep", nargs="+", help="sweep names of the spec, or all")
     ap.add_argument("--only", nargs="*", help="case names (substring match)")
     ap.add_argument("--iterations", type=int, help="default: the spec's")
@@ -191,6 +200,6 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="leave out cases whose latest row in --results finished (rc 0); failed ones run again")
     ap.add_argument("--budget-s", type=float, default=None,
                     help="start no case that would end after this many seconds (estimate: the slowest case so far, "
-                         "the spec's case_s before the first), so a time-limited device call loses no half-run case")
+                         "the spec's case_s before the first), so a time-limited GPU run loses no half-run case")
     ap.add_argument("--results", type=Path, help="default: the spec's results file")
     ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "sweep" / time.strftime("%Y%m%d-%H%M%S"))

@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -48,11 +49,16 @@ def launch(run: RunConfig, res: Resolved, module: str = "vlmtrain.worker", log: 
     env = dict(os.environ)
     env.update({k: v for k, v in res.env_vars.items() if k not in os.environ})
     env.setdefault("PYTHONUNBUFFERED", "1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={lay.gpus_per_node}",
-           f"--nnodes={lay.nodes}", "--master-port", master_port(env),
-           "-m", module, str(path), *args]
+    cmd = torchrun(module, [str(path), *args], lay.gpus_per_node, lay.nodes, master_port(env))
     print(f"[vlmtrain] launching {lay.world_size} rank(s): {' '.join(cmd)}", flush=True)
     return tee(cmd, env, Path(run.output_dir) / log)
+
+
+def torchrun(module: str, args: Sequence[str], nproc: int, nnodes: int, port: str | int) -> list[str]:
+    """`python -m torch.distributed.run ... -m <module> <args>`: the one way ranks start on a node, for training
+    (vlmtrain.worker) and for the lab's own rank modules alike, so they all see the same launcher."""
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", f"--nnodes={nnodes}",
+            "--master-port", str(port), "-m", module, *args]
 
 
 def master_port(env: dict[str, str]) -> str:

@@ -1,9 +1,9 @@
 """Validate vlmtrain.check.memory against the peaks measured on the H200: one row per run into
 results/memory_estimates.jsonl.
 
-    python -m vlmtrain.lab.calibrate.memory_check [--measured results/gpu_training.jsonl]
+    vlmtrain lab memory-check [--measured results/gpu_training.jsonl]
         [--out results/memory_estimates.jsonl]
-    python -m vlmtrain.lab.calibrate.memory_check --table     # the markdown table of the written jsonl
+    vlmtrain lab memory-check --table     # the markdown table of the written jsonl
 
 For every measured run it composes the run's own overrides (the `command` after `python train.py`, without
 `dry_run=...`) and estimates twice:
@@ -22,11 +22,9 @@ command-line entry point; tests/unit/test_memory.py replays the recorded runs of
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
 import shlex
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -34,14 +32,14 @@ from vlmtrain.check import memory
 from vlmtrain.config.compose import compose
 from vlmtrain.config.resolve import Resolved, resolve
 from vlmtrain.config.schema import RunConfig
-from vlmtrain.lab import store
+from vlmtrain.lab import experiments, store
 from vlmtrain.lab.runner import ROOT
 from vlmtrain.observe import run_summary
 
 TARGET_PCT = 15.0
 COLLATE_PAD_MULTIPLE = 128
 """Bridge's qwen2_5_collate_fn pads every micro-batch to a multiple of 128 tokens (pad_to_multiple_of)."""
-BENCHMARK_COMMAND = "python -m vlmtrain.lab.calibrate.memory_check"
+BENCHMARK_COMMAND = experiments.command(__name__)
 
 
 def overrides(command: str) -> list[str]:
@@ -112,21 +110,17 @@ def row(record: dict[str, Any], lengths_cache: dict[str, list[tuple[int, int]]],
     b, worst = memory.estimate(run, res, w), memory.estimate(run, res)
     measured = float(record["metrics"]["peak_mem_gib"])
     err = error_pct(b.allocated, measured)
-    return {
-        "name": record["name"],
-        "command": {"benchmark": BENCHMARK_COMMAND, "gpu": record["command"]},
-        "date": datetime.date.today().isoformat(),
-        "machine": record["machine"],
-        "measured_date": record.get("date"),
-        "metrics": {"estimated_gib": round(b.allocated, 3), "measured_gib": round(measured, 3), "error_pct": err,
-                    "worst_case_gib": round(worst.allocated, 3),
-                    "worst_case_error_pct": error_pct(worst.allocated, measured),
-                    "total_with_context_gib": round(b.total, 3)},
-        "within_target": abs(err) <= TARGET_PCT,
-        "workload": {"seq_len": w.seq_len, "image_tokens_per_sample": w.image_tokens, "padded": w.padded,
-                     "micro_batch_size": run.train.micro_batch_size},
-        "breakdown": b.to_dict(),
-    }
+    metrics = {"estimated_gib": round(b.allocated, 3), "measured_gib": round(measured, 3), "error_pct": err,
+               "worst_case_gib": round(worst.allocated, 3),
+               "worst_case_error_pct": error_pct(worst.allocated, measured),
+               "total_with_context_gib": round(b.total, 3)}
+    # the measured run's machine: the estimate describes that run, whatever machine computes it
+    return store.row(record["name"], {"benchmark": BENCHMARK_COMMAND, "gpu": record["command"]}, metrics,
+                     machine=record["machine"], machine_run=record.get("machine_run"), measured_date=record.get("date"),
+                     within_target=abs(err) <= TARGET_PCT,
+                     workload={"seq_len": w.seq_len, "image_tokens_per_sample": w.image_tokens, "padded": w.padded,
+                               "micro_batch_size": run.train.micro_batch_size},
+                     breakdown=b.to_dict())
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
@@ -142,8 +136,7 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--measured", type=Path, nargs="+",
                     default=[ROOT / "results" / f"{name}.jsonl"
                              for name in ("gpu_training", "gpu_acceptance", "precision_h200")])
@@ -151,14 +144,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache-dir", type=Path, default=ROOT / "outputs" / "memory_check_cache",
                     help="where the runs' datasets and processor are materialized (kept out of ~/.cache)")
     ap.add_argument("--table", action="store_true", help="print the markdown table of --out and exit")
-    args = ap.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
     if args.table:
         print(markdown_table(run_summary.read_jsonl(args.out)), end="")
         return 0
     records = [r for path in args.measured for r in store.latest(run_summary.read_jsonl(path)) if rebuildable(r)]
     lengths_cache: dict[str, list[tuple[int, int]]] = {}
     rows = [row(r, lengths_cache, args.cache_dir.absolute()) for r in records]
-    args.out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    store.rewrite(args.out, rows)
     for r in rows:
         m = r["metrics"]
         print(f"{r['name']:<66} measured {m['measured_gib']:6.2f}  estimated {m['estimated_gib']:6.2f} "
@@ -168,7 +163,3 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(rows) - len(misses)}/{len(rows)} within {TARGET_PCT:.0f} %"
           + (f"; misses: {misses}" if misses else ""))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """Check vlmtrain's MFU and useful throughput of a real GPU run against independently computed values.
 
-    python -m vlmtrain.lab.calibrate.metrics_check <run dir of a 1-GPU train.py run>
+    vlmtrain lab metrics-check <run dir of a 1-GPU train.py run>
         [--results results/metrics_check.jsonl]
 
 Independent of vlmtrain.observe.flops (per-layer shape formulas) and of the training-time token counters:
@@ -18,13 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
 
 from vlmtrain.config import architecture as arch
 from vlmtrain.config.compose import load_run
 from vlmtrain.config.schema import RunConfig
-from vlmtrain.lab import store
+from vlmtrain.lab import experiments, store
 from vlmtrain.lab.runner import ROOT
 from vlmtrain.observe import run_summary
 
@@ -110,21 +109,22 @@ def flops_from_params(run: RunConfig, params: dict, batch: list[dict]) -> float:
     )
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("run_dir", type=Path)
     ap.add_argument("--results", type=Path, default=ROOT / "results" / "metrics_check.jsonl")
     ap.add_argument("--name", default=None)
     ap.add_argument("--skip", type=int, default=3, help="warm-up steps left out")
-    a = ap.parse_args()
-    run = load_run(a.run_dir / "run_config.yaml")
+
+
+def run(a: argparse.Namespace) -> int:
+    cfg = load_run(a.run_dir / "run_config.yaml")
     rows = run_summary.read_jsonl(a.run_dir / "metrics.jsonl")
     checks = json.loads((a.run_dir / "checks.json").read_text())
-    per_step = samples_per_step(run, len(rows))
-    gpus, peak = run.nodes * (run.gpus_per_node or 1), run.hardware.peak_bf16_tflops * 1e12
+    per_step = samples_per_step(cfg, len(rows))
+    gpus, peak = cfg.nodes * (cfg.gpus_per_node or 1), cfg.hardware.peak_bf16_tflops * 1e12
     cmp = []
     for r, batch in zip(rows[a.skip :], per_step[a.skip :], strict=True):
-        f = flops_from_params(run, checks["params"], batch)
+        f = flops_from_params(cfg, checks["params"], batch)
         tokens = sum(s["len"] for s in batch)
         named = sum(
             r.get(k, 0.0)
@@ -165,14 +165,10 @@ def main() -> int:
     store.append(
         a.results,
         a.name or a.run_dir.name,
-        f"python -m vlmtrain.lab.calibrate.metrics_check {a.run_dir}",
+        f"{experiments.command(__name__)} {a.run_dir}",
         metrics,
         measured_on="2x NVIDIA H200 (the run dir's GPU run); checked on CPU",
         steps_compared=len(cmp),
     )
     print(json.dumps(metrics, indent=1))
     return 0 if ok else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,8 +1,8 @@
 """The dry-run Bridge config of a fixed set of configurations, written so two checkouts can be compared byte for byte:
 the proof that a refactor left every run's ConfigContainer as it was.
 
-    python -m vlmtrain.lab.checks.config_bytes write DIR [--checkout PATH]  # one <case>.yaml each (CPU, ~20 s a case)
-    python -m vlmtrain.lab.checks.config_bytes compare BEFORE AFTER  # exit 1 naming each case that differs
+    vlmtrain lab config-bytes write DIR [--checkout PATH]  # one <case>.yaml each (CPU, ~20 s a case)
+    vlmtrain lab config-bytes compare BEFORE AFTER  # exit 1 naming each case that differs
 
 Each case is `python train.py <overrides> dry_run=true` into its own run dir (of another checkout with --checkout: a
 git worktree of the commit before a change, its own src/ on PYTHONPATH); its bridge_config.yaml is copied with
@@ -16,48 +16,40 @@ from __future__ import annotations
 import argparse
 import hashlib
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 from vlmtrain.lab import cases, runner
-from vlmtrain.lab.runner import ROOT, TRAIN_PY
+from vlmtrain.lab.cases import INPUTS, Case
+from vlmtrain.lab.runner import ROOT
 
-INPUTS = "{inputs}"
-"""Placeholder in overrides for DIR/inputs, where the exported datasets go."""
-CASES: dict[str, list[str]] = {
-    "tiny_defaults": cases.TINY,
-    "tiny_3d_fast_selective_graph": [*cases.TINY, "parallelism=3d", "kernels=fast", "recompute=selective",
-                                     "cuda_graph=moe_router_preprocess", "dispatcher=alltoall", "hardware=h100"],
-    "tiny_jsonl_frozen": [*cases.TINY, "data=jsonl", f"data.path={INPUTS}/jsonl/data.jsonl", "vision=frozen"],
-    "tiny_parquet_full_recompute": [*cases.TINY, "data=parquet", f"data.path={INPUTS}/parquet/data.parquet",
-                                    "recompute=full", "vision=frozen_with_projector"],
-    "tiny_hf": [*cases.TINY, "data=hf", f"data.path={INPUTS}/hf"],
-    "tiny_jsonl_packed": [*cases.TINY, "data=jsonl", f"data.path={INPUTS}/jsonl/data.jsonl", "data.packing=2048",
-                          "train.micro_batch_size=1"],
-    "tiny_energon": [*cases.TINY, "data=energon", f"data.path={INPUTS}/energon"],
-    "30b_l4_realistic_fp8_3d": [*cases.SHAPE_30B, "precision=fp8", "parallelism=3d", "gpus_per_node=2"],
-    "35b_l4_mock_b200_mxfp8": ["model=qwen35_vl_35b_a3b", "model.num_layers=4", "data=mock", "hardware=b200",
-                               "precision=mxfp8", "dispatcher=deepep", "gpus_per_node=8",
-                               "cuda_graph=attn_moe_router_preprocess"],
-    "235b_l3_gb200_nvfp4_hybridep": ["model=qwen3_vl_235b_a22b", "model.num_layers=3", "hardware=gb200",
-                                     "precision=nvfp4", "dispatcher=hybridep", "nodes=2", "data=mock"],
-    "experiment_perf_h200_best": ["experiment=perf_h200_best"],
-    "experiment_perf_h200x2_best": ["experiment=perf_h200x2_best"],
-    "experiment_fsdp_first_gb200": ["experiment=fsdp_first_gb200"],
-    "experiment_3d_gb200": ["experiment=3d_gb200"],
-    "experiment_tune_h1": ["experiment=tune_h1"],
-}
+CASES = [
+    Case("tiny_defaults", overrides=cases.TINY),
+    Case("tiny_3d_fast_selective_graph", overrides=[*cases.TINY, "parallelism=3d", "kernels=fast",
+                                                    "recompute=selective", "cuda_graph=moe_router_preprocess",
+                                                    "dispatcher=alltoall", "hardware=h100"]),
+    Case("tiny_jsonl_frozen", overrides=[*cases.TINY, "data=jsonl", f"data.path={INPUTS}/jsonl/data.jsonl",
+                                         "vision=frozen"]),
+    Case("tiny_parquet_full_recompute", overrides=[*cases.TINY, "data=parquet",
+                                                   f"data.path={INPUTS}/parquet/data.parquet", "recompute=full",
+                                                   "vision=frozen_with_projector"]),
+    Case("tiny_hf", overrides=[*cases.TINY, "data=hf", f"data.path={INPUTS}/hf"]),
+    Case("tiny_jsonl_packed", overrides=[*cases.TINY, "data=jsonl", f"data.path={INPUTS}/jsonl/data.jsonl",
+                                         "data.packing=2048", "train.micro_batch_size=1"]),
+    Case("tiny_energon", overrides=[*cases.TINY, "data=energon", f"data.path={INPUTS}/energon"]),
+    Case("30b_l4_realistic_fp8_3d", 2, [*cases.SHAPE_30B, "precision=fp8", "parallelism=3d", "gpus_per_node=2"]),
+    Case("35b_l4_mock_b200_mxfp8", 8, ["model=qwen35_vl_35b_a3b", "model.num_layers=4", "data=mock", "hardware=b200",
+                                       "precision=mxfp8", "dispatcher=deepep", "gpus_per_node=8",
+                                       "cuda_graph=attn_moe_router_preprocess"]),
+    Case("235b_l3_gb200_nvfp4_hybridep", 8, ["model=qwen3_vl_235b_a22b", "model.num_layers=3", "hardware=gb200",
+                                             "precision=nvfp4", "dispatcher=hybridep", "nodes=2", "data=mock"]),
+    Case("experiment_perf_h200_best", overrides=["experiment=perf_h200_best"]),
+    Case("experiment_perf_h200x2_best", overrides=["experiment=perf_h200x2_best"]),
+    Case("experiment_fsdp_first_gb200", overrides=["experiment=fsdp_first_gb200"]),
+    Case("experiment_3d_gb200", overrides=["experiment=3d_gb200"]),
+    Case("experiment_tune_h1", overrides=["experiment=tune_h1"]),
+]
+"""Dry runs: each on the world its overrides declare (`gpus` says so where they name one)."""
 BINS_FILE = re.compile(r"^(\s*bins_file: )(\S+)$", re.M)
-EXPORTS = {"jsonl": "jsonl", "parquet": "parquet", "hf": "hf", "energon": "energon"}
-
-
-def export_inputs(inputs: Path) -> None:
-    """The shipped sample photos in each file format a case reads (vlmtrain data export)."""
-    for fmt, folder in EXPORTS.items():
-        if not (inputs / folder).exists():
-            subprocess.run([sys.executable, "-m", "vlmtrain.cli", "data", "export", "--format", fmt, "--out",
-                            str(inputs / folder)], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
 
 
 def normalized(text: str, run_dir: Path, checkout: Path, inputs: Path) -> str:
@@ -73,17 +65,15 @@ def write(out: Path, only: list[str] | None = None, checkout: Path = ROOT, input
     the packed cases' bins cache key holds the data files' modification times."""
     out.mkdir(parents=True, exist_ok=True)
     inputs = inputs or out / "inputs"
-    export_inputs(inputs)
+    cases.export_inputs(inputs)
     failed = []
-    for name, overrides in CASES.items():
-        if only and name not in only:
+    for case in CASES:
+        if only and case.name not in only:
             continue
-        run_dir = out / "runs" / name
-        args = [o.replace(INPUTS, str(inputs)) for o in overrides]
-        cmd = [sys.executable, str(checkout / TRAIN_PY.name), *args, "dry_run=true", "wandb.enabled=false",
-               f"hydra.run.dir={run_dir}"]
-        run = runner.spawn(cmd, run_dir, log=out / "logs" / f"{name}.log", env={"PYTHONPATH": str(checkout / "src")},
-                           cwd=checkout, fresh=True)
+        name, run_dir = case.name, out / "runs" / case.name
+        run = runner.start([*cases.with_inputs(case.overrides, inputs), "dry_run=true", "wandb.enabled=false"], run_dir,
+                           log=out / "logs" / f"{name}.log", env={"PYTHONPATH": str(checkout / "src")},
+                           checkout=checkout, fresh=True)
         rc, yaml = run.wait(), run_dir / "bridge_config.yaml"
         if rc != 0 or not yaml.is_file():
             failed.append(name)
@@ -96,7 +86,7 @@ def write(out: Path, only: list[str] | None = None, checkout: Path = ROOT, input
 
 def compare(before: Path, after: Path) -> int:
     differ = []
-    for name in CASES:
+    for name in (c.name for c in CASES):
         a, b = before / f"{name}.yaml", after / f"{name}.yaml"
         same = a.is_file() and b.is_file() and a.read_bytes() == b.read_bytes()
         print(f"[config-bytes] {name}: {'identical' if same else 'DIFFERENT or missing'}")
@@ -104,22 +94,19 @@ def compare(before: Path, after: Path) -> int:
     return 1 if differ else 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="command", required=True)
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    sub = ap.add_subparsers(dest="action", required=True)
     w = sub.add_parser("write")
     w.add_argument("out", type=Path)
-    w.add_argument("--only", nargs="*", choices=list(CASES))
+    w.add_argument("--only", nargs="*", choices=[c.name for c in CASES])
     w.add_argument("--checkout", type=Path, default=ROOT, help="the checkout whose train.py runs (default: this one)")
     w.add_argument("--inputs", type=Path, help="the exported datasets' folder (default: OUT/inputs)")
     c = sub.add_parser("compare")
     c.add_argument("before", type=Path)
     c.add_argument("after", type=Path)
-    args = ap.parse_args(argv)
-    if args.command == "compare":
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.action == "compare":
         return compare(args.before, args.after)
     return write(args.out, args.only, args.checkout.resolve(), args.inputs)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,7 @@
 """Packing equivalence on a GPU: the same real samples through one packed (THD) forward/backward vs each sample
 alone, on the real model Bridge builds for the run, with negative controls that break what packing must keep.
 
-    python -m vlmtrain.lab.checks.packing_equivalence [--only CASE ...]  # GPU -> results/packing_equivalence.jsonl
+    vlmtrain lab packing-equivalence [--only CASE ...]  # GPU -> results/packing_equivalence.jsonl
 
 This module is the driver (the cases, their launch, the rows); vlmtrain.lab.checks.packing_harness is the rank.
 
@@ -41,10 +41,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from pathlib import Path
 
-from vlmtrain.lab import cases, store
+from vlmtrain.lab import cases, experiments, runner, store
+from vlmtrain.lab.cases import Case
 from vlmtrain.lab.checks import packing_harness as harness
 from vlmtrain.lab.runner import ROOT
 
@@ -62,18 +62,28 @@ BASE = [
     "+bridge.ddp.overlap_grad_reduce=false",
     "+bridge.ddp.overlap_param_gather=false",
 ]
-CASES: dict[str, list[str]] = {
-    "tiny_kernels-default": cases.TINY,
-    "tiny_kernels-fast": [*cases.TINY, "kernels=fast"],
+LOG = "equivalence.log"
+"""The rank's output, in the case's run dir."""
+
+
+def case(name: str, overrides: list[str]) -> Case:
+    """A one-GPU case on BASE whose rank is the harness."""
+    return Case(name, 1, [*BASE, *overrides], module=harness.__name__)
+
+
+CASES = [
+    case("tiny_kernels-default", cases.TINY),
+    case("tiny_kernels-fast", [*cases.TINY, "kernels=fast"]),
     # 4 layers: the fewest that hold the 3 deepstack layers (preflight deepstack_on_first_stage)
-    "30b-shape-l4_kernels-default": cases.L4_30B,
-    "30b-shape-l4_kernels-fast": [*cases.L4_30B, "kernels=fast"],
+    case("30b-shape-l4_kernels-default", cases.L4_30B),
+    case("30b-shape-l4_kernels-fast", [*cases.L4_30B, "kernels=fast"]),
     # Qwen3.5 (Gated DeltaNet 3:1 full attention): preflight refuses its packing until these pass
-    "tiny-qwen35_kernels-default": [*cases.TINY_QWEN35],
-    "h2-shape-l4_kernels-default": [*cases.L4_35],
-    "h2-shape-l4_kernels-fast": [*cases.L4_35, "kernels=fast"],
-    "h2-shape-l2-gdn-attn_kernels-default": [*cases.L2_35],
-}
+    case("tiny-qwen35_kernels-default", cases.TINY_QWEN35),
+    case("h2-shape-l4_kernels-default", cases.L4_35),
+    case("h2-shape-l4_kernels-fast", [*cases.L4_35, "kernels=fast"]),
+    case("h2-shape-l2-gdn-attn_kernels-default", cases.L2_35),
+]
+
 
 def run_cases(only: list[str] | None, results_path: Path, commit: str) -> int:
     """Each case in its own one-rank torchrun (Bridge's setup owns the process's global state): compose, preflight,
@@ -82,22 +92,24 @@ def run_cases(only: list[str] | None, results_path: Path, commit: str) -> int:
     from vlmtrain.config.compose import compose
     from vlmtrain.config.resolve import resolve
     from vlmtrain.data import prepare
-    from vlmtrain.launch import local
 
     failed = 0
-    for name, overrides in CASES.items():
-        if only and name not in only:
+    for c in CASES:
+        if only and c.name not in only:
             continue
-        run_dir = ROOT / "outputs" / "packing_equivalence" / name
-        run = compose([*BASE, *overrides], output_dir=str(run_dir))
+        name, run_dir = c.name, ROOT / "outputs" / "packing_equivalence" / c.name
+        run = compose(c.overrides, output_dir=str(run_dir))
         res = resolve(run)
         preflight.enforce(run, res)
         prepare.prepare(run, res)
-        rc = local.launch(run, res, module=harness.__name__, log="equivalence.log")
+        ranks = runner.start_ranks(run, res, c.module, log=run_dir / LOG)
+        rc = ranks.wait()
+        if rc:
+            print(ranks.log.read_text(errors="replace")[-4000:], flush=True)
         out = json.loads((run_dir / harness.RESULT).read_text()) if (run_dir / harness.RESULT).exists() else {}
-        command = "python -m vlmtrain.lab.checks.packing_equivalence --only " + name
+        command = f"{experiments.command(__name__)} --only {name}"
         store.append(results_path, f"packing-equivalence_{name}", command, {"rc": rc, **out.get("metrics", {})},
-                       commit=commit, overrides=[*BASE, *overrides], tolerances=out.get("tolerances"),
+                       commit=commit, overrides=c.overrides, tolerances=out.get("tolerances"),
                        rows=out.get("rows"), images_per_row=out.get("images_per_row"),
                        bridge_patches=out.get("bridge_patches"), history=out.get("history"))
         failed += rc != 0
@@ -105,14 +117,11 @@ def run_cases(only: list[str] | None, results_path: Path, commit: str) -> int:
     return int(failed > 0)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--only", nargs="*", choices=list(CASES), help="case names (default: every case)")
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--only", nargs="*", choices=[c.name for c in CASES], help="case names (default: every case)")
     ap.add_argument("--results", type=Path, default=ROOT / "results" / "packing_equivalence.jsonl")
     ap.add_argument("--commit", default=os.environ.get("VLMTRAIN_COMMIT", "unknown"))
-    args = ap.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
     return run_cases(args.only, args.results, args.commit)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,8 +1,8 @@
 """FP8 recipes vs BF16 on one H200: loss parity over 100+ steps, then speed and peak memory at equal useful work.
 
-    python -m vlmtrain.lab.checks.precision_parity parity [--only NAME ...]          # one 100-step run per recipe
-    python -m vlmtrain.lab.checks.precision_parity speed --repeats 2 [--only NAME ...]  # more short runs (appended)
-    python -m vlmtrain.lab.checks.precision_parity summarize                          # medians, ratios, parity -> rows
+    vlmtrain lab precision-parity parity [--only NAME ...]          # one 100-step run per recipe
+    vlmtrain lab precision-parity speed --repeats 2 [--only NAME ...]  # more short runs (appended)
+    vlmtrain lab precision-parity summarize                          # medians, ratios, parity -> rows
 
 Every run is `python train.py` on the 30B-A3B layer shapes at 4 decoder layers, real images (data=realistic),
 MBS 1, GBS 1, the same seed and data order for every recipe, one run after another. Run dirs go under
@@ -20,19 +20,20 @@ import argparse
 import json
 import os
 import statistics
-import sys
 from pathlib import Path
 
-from vlmtrain.lab import cases, repeats, runner, store
+from vlmtrain.lab import cases, experiments, repeats, runner, store
+from vlmtrain.lab.cases import Case
 from vlmtrain.lab.runner import ROOT
 from vlmtrain.observe import run_summary
 
 OUT = ROOT / "outputs" / "precision"
 BASE = [*cases.SHAPE_30B, "train.micro_batch_size=1", "train.global_batch_size=1", "gpus_per_node=1",
         "wandb.enabled=false"]
-RECIPES = {"bf16": ["precision=bf16"], "fp8-tensorwise": ["precision=fp8"],
-           "fp8-blockwise": ["precision=fp8", "precision.scaling=blockwise"],
-           "fp8-delayed": ["precision=fp8", "precision.scaling=delayed"]}
+RECIPES = [Case("bf16", 1, [*BASE, "precision=bf16"]), Case("fp8-tensorwise", 1, [*BASE, "precision=fp8"]),
+           Case("fp8-blockwise", 1, [*BASE, "precision=fp8", "precision.scaling=blockwise"]),
+           Case("fp8-delayed", 1, [*BASE, "precision=fp8", "precision.scaling=delayed"])]
+"""One case per recipe, named by it; a run adds its mode's iterations."""
 STEPS = {"parity": 100, "speed": 10}
 PARITY_WINDOW = 10
 """Steps in the moving average the loss curves are compared after (single-sample steps are noisy)."""
@@ -48,7 +49,7 @@ def next_index(mode: str, recipe: str) -> int:
 
 def run_case(mode: str, recipe: str) -> dict[str, object]:
     i = next_index(mode, recipe)
-    overrides = [*BASE, *RECIPES[recipe], f"train.iterations={STEPS[mode]}"]
+    overrides = [*next(c for c in RECIPES if c.name == recipe).overrides, f"train.iterations={STEPS[mode]}"]
     run = runner.start(overrides, OUT / store.machine_run() / mode / f"{recipe}-{i}")
     rc = run.wait()
     meta = {"mode": mode, "recipe": recipe, "i": i, "rc": rc, "wall_s": round(run.wall_s(), 1),
@@ -111,7 +112,7 @@ def summarize(path: Path, commit: str, machine_runs: list[str] | None = None, ru
             metrics.update(loss_parity_max_abs_diff_nats=parity(base_loss, mine), parity_steps=min(len(base_loss),
                            len(mine)), parity_window=PARITY_WINDOW, parity_tolerance_nats=PARITY_TOLERANCE_NATS)
         store.append(path, row_name(f"30b-shape-l4_{recipe}_summary", where),
-                       "python -m vlmtrain.lab.checks.precision_parity summarize", metrics, commit=commit,
+                       f"{experiments.command(__name__)} summarize", metrics, commit=commit,
                        recipe=recipe,
                        machine=done[0][0]["machine"], machine_run=where)
         print(f"[precision] {recipe} ({where}): {json.dumps(metrics)}", flush=True)
@@ -133,22 +134,19 @@ def speed(timed: list[dict], bf16: list[dict]) -> dict[str, object]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("mode", choices=["parity", "speed", "summarize"])
-    ap.add_argument("--only", nargs="*", default=list(RECIPES))
+    ap.add_argument("--only", nargs="*", default=[c.name for c in RECIPES])
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--machine-run", nargs="*", help="summarize: write rows for these machine runs only")
     ap.add_argument("--summaries-only", action="store_true", help="summarize: no per-run rows")
     ap.add_argument("--results", type=Path, default=ROOT / "results" / "precision_h200.jsonl")
     ap.add_argument("--commit", default=os.environ.get("VLMTRAIN_COMMIT", "unknown"))
-    args = ap.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
     if args.mode == "summarize":
         summarize(args.results, args.commit, args.machine_run, run_rows=not args.summaries_only)
         return 0
     metas = [run_case(args.mode, r) for _ in range(args.repeats) for r in args.only]
     return int(any(m["rc"] for m in metas))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

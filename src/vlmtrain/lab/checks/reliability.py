@@ -3,8 +3,8 @@ returns (passed, metrics) from what the run wrote. This module's command runs th
 results/reliability.jsonl (a check that raises still writes its row, with the reason); tests/gpu/test_reliability.py
 asserts the same checks.
 
-    python -m vlmtrain.lab.checks.reliability [--only secrets,oom] [--out outputs/reliability]
-    python -m vlmtrain.lab.checks.reliability --only kill_ckpt_3d,kill_ckpt_3d_async    # ~3-4 min on one H200
+    vlmtrain lab reliability [--only secrets,oom] [--out outputs/reliability]
+    vlmtrain lab reliability --only kill_ckpt_3d,kill_ckpt_3d_async    # ~3-4 min on one H200
 
 - secrets: planted env secrets (WANDB_API_KEY, HF_TOKEN, HUGGING_FACE_HUB_TOKEN) and `+bridge.logger.*` overrides
   holding them, 4 steps with a checkpoint every 2; every file of the run dir and the checkpoint dir (Bridge's
@@ -27,13 +27,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from vlmtrain.lab import cases, runner, store
+from vlmtrain.lab import cases, experiments, runner, store
 from vlmtrain.lab.checks.kill_checkpoint import MODES, kill_mid_checkpoint
 from vlmtrain.lab.runner import ROOT
 from vlmtrain.observe import failure, run_summary, timing
@@ -115,28 +114,32 @@ CHECKS: dict[str, Callable[[Path], tuple[bool, dict[str, Any], str]]] = {
     **{f"kill_ckpt_{mode}": partial(kill_mid_checkpoint, mode=mode) for mode in MODES}}
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--only", default=",".join(CHECKS))
+def checks(text: str) -> list[str]:
+    """--only's names, each one of CHECKS (refused at parse time otherwise)."""
+    names = text.split(",")
+    if unknown := [n for n in names if n not in CHECKS]:
+        raise argparse.ArgumentTypeError(f"unknown check(s) {unknown}: --only takes a comma-separated list of "
+                                         f"{', '.join(CHECKS)}")
+    return names
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--only", default=list(CHECKS), type=checks,
+                    help=f"a comma-separated list of {', '.join(CHECKS)}")
     ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "reliability")
     ap.add_argument("--results", type=Path, default=ROOT / "results" / "reliability.jsonl")
-    a = ap.parse_args(argv)
-    names = a.only.split(",")
-    if unknown := [n for n in names if n not in CHECKS]:
-        ap.error(f"unknown check(s) {unknown}: --only takes a comma-separated list of {', '.join(CHECKS)}")
+
+
+def run(a: argparse.Namespace) -> int:
     ok = True
-    for name in names:
+    for name in a.only:
         print(f"[reliability] {name} ...", flush=True)
         try:
             passed, metrics, cmd = CHECKS[name](a.out)
         except Exception as e:  # noqa: BLE001 - a failing check is a row with its reason, not a crash without one
             passed, metrics, cmd = False, {"reason": f"{type(e).__name__}: {e}"}, "(the check raised before its run)"
         store.append(a.results, f"reliability_{name}_tiny_1gpu", cmd, {**metrics, "passed": passed},
-                       runner=f"python -m vlmtrain.lab.checks.reliability --only {name}")
+                       runner=f"{experiments.command(__name__)} --only {name}")
         print(json.dumps({"check": name, "passed": passed, **metrics}, default=str), flush=True)
         ok &= passed
     return 0 if ok else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,8 +1,8 @@
 """Every measured row in the results files carries what a quoted figure needs to be traced (name, command, ISO date,
-machine, metrics as an object), so a row appended by hand or by a device call that lost a field is caught before
-anyone quotes it. CI runs it before the tests:
+machine, metrics as an object), so a row appended by hand or by a GPU run cut short that lost a field is caught
+before anyone quotes it. CI runs it before the tests:
 
-    python -m vlmtrain.lab.checks.results_rows [DIR ...]  # default results/; exit 1 naming each bad row
+    vlmtrain lab results-rows [DIR ...]  # default results/; exit 1 naming each bad row
 """
 
 from __future__ import annotations
@@ -52,10 +52,11 @@ def check(folder: Path) -> tuple[int, list[str]]:
     return rows, bad
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("folders", nargs="*", type=Path, default=[ROOT / "results"])
-    args = ap.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
     rows, bad = 0, []
     for folder in args.folders:
         n, found = check(folder)
@@ -64,7 +65,3 @@ def main(argv: list[str] | None = None) -> int:
         print(line)
     print(f"results_rows: {len(bad)} bad of {rows} rows in {', '.join(map(str, args.folders))}")
     return 1 if bad or not rows else 0  # no rows at all: a wrong folder, not a clean one
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

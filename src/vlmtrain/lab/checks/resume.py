@@ -3,9 +3,9 @@ what the other checks that kill or preempt a real run share (vlmtrain.lab.checks
 vlmtrain.lab.checks.slurm_preempt): the run's overrides, its launch in a run dir of its own, the losses and the data
 position a killed, preempted or resumed run is compared by.
 
-    python -m vlmtrain.lab.checks.resume --parallelism fsdp --gpu 0     # Megatron-FSDP, fsdp_dtensor checkpoints
-    python -m vlmtrain.lab.checks.resume --parallelism 3d --gpu 1       # 3D, torch_dist checkpoints
-    python -m vlmtrain.lab.checks.resume --parallelism fsdp --packed    # packed (data.packing=1024)
+    vlmtrain lab resume --parallelism fsdp --gpu 0     # Megatron-FSDP, fsdp_dtensor checkpoints
+    vlmtrain lab resume --parallelism 3d --gpu 1       # 3D, torch_dist checkpoints
+    vlmtrain lab resume --parallelism fsdp --packed    # packed (data.packing=1024)
 
 Run A trains 12 steps uninterrupted. Run B is the same command with its own checkpoint_dir: its whole process tree
 is SIGKILLed (vlmtrain.lab.runner.kill_tree) once it has checkpointed step 4 and logged step 6, then relaunched
@@ -21,11 +21,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-from vlmtrain.lab import runner, store
+from vlmtrain.lab import experiments, runner, store
 from vlmtrain.lab.cases import TINY
 from vlmtrain.lab.runner import ROOT
 from vlmtrain.observe import run_summary
@@ -109,8 +108,7 @@ def data_position(a: dict, killed: dict, resumed: dict, checkpoint_step: int | N
             "same_samples_overall": ids(a) == ids(b) and bool(a)}
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--parallelism", choices=["fsdp", "3d"], required=True)
     ap.add_argument("--gpu", type=int, default=0)
     ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "resume")
@@ -118,7 +116,9 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"data.packing={PACKING} (MBS 1, GBS 8 rows); the row goes to reliability.jsonl")
     ap.add_argument("--results", type=Path, default=None, help="default: results/resume.jsonl "
                     "(results/reliability.jsonl with --packed)")
-    a = ap.parse_args(argv)
+
+
+def run(a: argparse.Namespace) -> int:
     a.results = a.results or ROOT / "results" / ("reliability.jsonl" if a.packed else "resume.jsonl")
     tag = f"{a.parallelism}_packed" if a.packed else a.parallelism
     out = a.out / tag
@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         losses_uninterrupted=la,
         losses_before_kill=lk,
         losses_after_resume=lr,
-        runner=f"python -m vlmtrain.lab.checks.resume --parallelism {a.parallelism} --gpu {a.gpu}"
+        runner=f"{experiments.command(__name__)} --parallelism {a.parallelism} --gpu {a.gpu}"
         + (" --packed" if a.packed else ""),
     )
     print(
@@ -169,7 +169,3 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     return 0 if ok else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

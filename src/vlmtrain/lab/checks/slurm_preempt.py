@@ -3,13 +3,13 @@ real GPU as gres (scripts/device/slurm_start.sh), preempted mid-run and resumed;
 row to results/reliability.jsonl, tests/gpu/test_slurm_preempt_gpu.py asserts the same.
 
     bash scripts/device/slurm_start.sh && export PATH=/tmp/slurm-root/bin:$PATH
-    python -m vlmtrain.lab.checks.slurm_preempt --case tiny            # the plumbing, ~2 min
-    python -m vlmtrain.lab.checks.slurm_preempt --case 30b --only reference   # then, in the next call:
-    python -m vlmtrain.lab.checks.slurm_preempt --case 30b --only preempt
+    vlmtrain lab slurm-preempt --case tiny            # the plumbing, ~2 min
+    vlmtrain lab slurm-preempt --case 30b --only reference   # then, in the next call:
+    vlmtrain lab slurm-preempt --case 30b --only preempt
 
 - reference: the same training uninterrupted, run directly (`python train.py`, no checkpoints): cheaper than a
   second Slurm job, and the losses do not depend on the launcher.
-- preempt: the job is submitted through submitit; once it has logged `signal_after` steps the check sends
+- preempt: the job is submitted through submitit; once it has logged the case's `interrupt_after` steps the check sends
   `scancel --signal=USR2` (what Slurm sends `signal_delay_s` before a time limit, and what submitit's own
   job._interrupt() sends). vlmtrain relays it to Bridge as SIGTERM (launch/slurm.py), Bridge saves a checkpoint
   after the step and exits, submitit requeues the same job id, and the second attempt resumes in the same run dir
@@ -26,6 +26,7 @@ that much free space (plus a margin) before any GPU work, naming the fix.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -33,11 +34,11 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vlmtrain.lab import cases, runner, store
+from vlmtrain.lab import cases, experiments, runner, store
+from vlmtrain.lab.cases import Case
 from vlmtrain.lab.checks.resume import TOLERANCE, losses, max_loss_diff, tracker
 from vlmtrain.lab.runner import ROOT
 from vlmtrain.observe import run_summary
@@ -47,38 +48,32 @@ DISK_MARGIN_GIB = 4.0  # torch_dist metadata, the common state, the run dir
 SAMPLES = ("train.micro_batch_size=1", "train.global_batch_size=2")  # 2 micro-batches a step: short steps
 
 
-@dataclass(frozen=True)
-class PreemptCase:
-    """One model size of the check: its overrides and how many steps run before the signal and in all."""
-
-    name: str
-    model: tuple[str, ...]
-    iterations: int
-    signal_after: int
-
-
 CASES = {
-    "30b": PreemptCase("qwen3_vl_30b_a3b_l4", tuple(cases.SHAPE_30B), 8, 3),
+    # one model size each: its training, and the logged steps before the signal (interrupt_after)
+    "30b": Case("qwen3_vl_30b_a3b_l4", 1, [*cases.SHAPE_30B, *SAMPLES, "train.iterations=8"], interrupt_after=3),
     # tiny steps take a fraction of a second: 56 steps after the signal so that it lands mid-run
-    "tiny": PreemptCase("tiny", tuple(cases.TINY), 60, 4),
+    "tiny": Case("tiny", 1, [*cases.TINY, *SAMPLES, "train.iterations=60"], interrupt_after=4),
 }
+"""--case -> the case."""
 
 
-def with_layers(case: PreemptCase, layers: int) -> PreemptCase:
+def iterations(case: Case) -> int:
+    return int(case.setting("train.iterations") or 0)
+
+
+def with_layers(case: Case, layers: int) -> Case:
     """The case with `layers` decoder layers (the 30B-A3B shape's depth, for a disk that cannot hold 4 layers')."""
-    model = tuple(o for o in case.model if not o.startswith("model.num_layers="))
-    return PreemptCase(f"{case.name.rsplit('_l', 1)[0]}_l{layers}", (*model, f"model.num_layers={layers}"),
-                       case.iterations, case.signal_after)
+    depth = [f"model.num_layers={layers}" if o.startswith("model.num_layers=") else o for o in case.overrides]
+    return dataclasses.replace(case, name=f"{case.name.rsplit('_l', 1)[0]}_l{layers}", overrides=depth)
 
 
-def overrides(case: PreemptCase, ckpt: Path | None) -> list[str]:
+def overrides(case: Case, ckpt: Path | None) -> list[str]:
     """The training both runs share; with `ckpt`, checkpoints go there and only the exit signal saves one."""
     save = [] if ckpt is None else [
         "train.save_interval=1000000", f"train.checkpoint_dir={ckpt}",
         # Bridge's 0: no interval save and no save at the end (train.py: `save_interval != 0`); the signal's stays
         "+bridge.checkpoint.save_interval=0"]
-    return [*case.model, *SAMPLES, f"train.iterations={case.iterations}", "gpus_per_node=1", "dry_run=false",
-            "wandb.enabled=false", *save]
+    return [*case.overrides, "gpus_per_node=1", "dry_run=false", "wandb.enabled=false", *save]
 
 
 LAUNCHER = ["hydra/launcher=slurm", "hydra.launcher.partition=debug", "hydra.launcher.cpus_per_task=8",
@@ -87,7 +82,7 @@ LAUNCHER = ["hydra/launcher=slurm", "hydra.launcher.partition=debug", "hydra.lau
 sends the signal itself)."""
 
 
-def checkpoint_gib(case: PreemptCase) -> float:
+def checkpoint_gib(case: Case) -> float:
     """What one checkpoint of the case holds: BF16 weights + Adam's FP32 state (the memory estimate's params and
     optimizer, world size 1)."""
     from vlmtrain.check.memory.estimate import estimate
@@ -99,7 +94,7 @@ def checkpoint_gib(case: PreemptCase) -> float:
     return b.params + b.optimizer
 
 
-def disk_problem(case: PreemptCase, ckpt: Path, need_gib: float, free_gib: float) -> str | None:
+def disk_problem(case: Case, ckpt: Path, need_gib: float, free_gib: float) -> str | None:
     """Why the checkpoint cannot go to `ckpt` (None: it fits, with DISK_MARGIN_GIB to spare)."""
     if free_gib >= need_gib + DISK_MARGIN_GIB:
         return None
@@ -107,7 +102,7 @@ def disk_problem(case: PreemptCase, ckpt: Path, need_gib: float, free_gib: float
             "GiB free: pass --ckpt <a dir on a larger filesystem>, or fewer decoder layers (--layers N)")
 
 
-def check_disk(case: PreemptCase, ckpt: Path) -> dict[str, float]:
+def check_disk(case: Case, ckpt: Path) -> dict[str, float]:
     """Free space where the checkpoint goes against its size; refuses (before any GPU work) when it cannot fit."""
     ckpt.mkdir(parents=True, exist_ok=True)
     need, free = checkpoint_gib(case), shutil.disk_usage(ckpt).free / GIB
@@ -157,7 +152,7 @@ def _env() -> dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join(p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH")) if p)}
 
 
-def run_reference(case: PreemptCase, out: Path, timeout_s: float) -> tuple[int, Path]:
+def run_reference(case: Case, out: Path, timeout_s: float) -> tuple[int, Path]:
     """The uninterrupted run, directly (torchrun on the local GPU), no checkpoints; past `timeout_s` its whole
     tree is killed (a surviving rank would hold the GPU)."""
     run = runner.start(overrides(case, None), out / "reference", log=out / "reference" / "console.txt", env=_env(),
@@ -170,8 +165,8 @@ def _rank0(sweep: Path) -> dict[str, Any] | None:
     return json.loads(found[0].read_text()) if found else None
 
 
-def run_preempted(case: PreemptCase, out: Path, ckpt: Path, timeout_s: float) -> dict[str, Any]:
-    """Submit through submitit, USR2 once `signal_after` steps are logged, wait for the requeued attempt."""
+def run_preempted(case: Case, out: Path, ckpt: Path, timeout_s: float) -> dict[str, Any]:
+    """Submit through submitit, USR2 once `interrupt_after` steps are logged, wait for the requeued attempt."""
     sweep = out / "slurm"
     shutil.rmtree(ckpt, ignore_errors=True)
     run = runner.start([*LAUNCHER, *overrides(case, ckpt)], sweep, multirun=True, log=out / "launcher.txt",
@@ -181,7 +176,7 @@ def run_preempted(case: PreemptCase, out: Path, ckpt: Path, timeout_s: float) ->
         rec = _rank0(sweep)
         job_id = job_id or (rec or {}).get("slurm", {}).get("job_id")
         steps = losses(next(sweep.glob("0_*"))) if rec else {}
-        if job_id and sent is None and len(steps) >= case.signal_after:
+        if job_id and sent is None and len(steps) >= (case.interrupt_after or 0):
             sent = {"after_steps_logged": len(steps), "at": time.strftime("%H:%M:%S"),
                     "scancel": _sh("scancel", "--signal=USR2", job_id).strip()}
         time.sleep(0.5)
@@ -205,7 +200,7 @@ def scontrol_job(job_id: str, wait_s: float = 60) -> dict[str, str]:
         time.sleep(1)
 
 
-def evaluate(case: PreemptCase, reference: Path, slurm: dict[str, Any], ckpt: Path) -> tuple[bool, dict[str, Any]]:
+def evaluate(case: Case, reference: Path, slurm: dict[str, Any], ckpt: Path) -> tuple[bool, dict[str, Any]]:
     """Every check of the module docstring, from what the runs wrote and what Slurm said about the job
     (`slurm`: run_preempted's result); (passed, metrics)."""
     sweep: Path = slurm["sweep"]
@@ -240,21 +235,21 @@ def evaluate(case: PreemptCase, reference: Path, slurm: dict[str, Any], ckpt: Pa
     ok = (slurm["rc"] == 0 and m["signal_sent"] is not None and (m["signal_recorded"] or {}).get("name") == "SIGUSR2"
           and m["restart_count"] == "1" and m["same_job_id"] and m["slurm_state"] == "COMPLETED"
           and m["slurm_restarts"] == "1" and saved is not None and iters == [saved]
-          and case.signal_after <= saved < case.iterations and m["bridge_exit_on_signal"] and m["requeued_by_submitit"]
+          and (case.interrupt_after or 0) <= saved < iterations(case) and m["bridge_exit_on_signal"]
+          and m["requeued_by_submitit"]
           and m["loaded"] == [{"dir": str(ckpt), "iteration": saved}]
-          and sorted(rows) == list(range(case.iterations)) and set(ref) == set(range(case.iterations))
+          and sorted(rows) == list(range(iterations(case))) and set(ref) == set(range(iterations(case)))
           and m["first_step_after_resume"] == saved
           and m["max_abs_loss_diff_before_signal"] <= TOLERANCE and m["max_abs_loss_diff_after_resume"] <= TOLERANCE)
     m["losses_reference"], m["losses_slurm"] = ref, got
     return ok, m
 
 
-def command(case: PreemptCase, ckpt: Path) -> str:
+def command(case: Case, ckpt: Path) -> str:
     return runner.recorded([*LAUNCHER, "hydra.sweep.dir=<out>/slurm", *overrides(case, ckpt)], multirun=True)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--case", choices=list(CASES), default="tiny")
     ap.add_argument("--only", choices=["reference", "preempt", "both"], default="both",
                     help="reference: the uninterrupted run only; preempt: the Slurm run, against a reference "
@@ -265,7 +260,9 @@ def main(argv: list[str] | None = None) -> int:
                     "where the disk cannot hold the 4-layer checkpoint")
     ap.add_argument("--timeout", type=float, default=540, help="seconds per phase")
     ap.add_argument("--results", type=Path, default=ROOT / "results" / "reliability.jsonl")
-    a = ap.parse_args(argv)
+
+
+def run(a: argparse.Namespace) -> int:
     case = CASES[a.case] if a.layers is None else with_layers(CASES[a.case], a.layers)
     out = (a.out or ROOT / "outputs" / "slurm_preempt" / a.case).resolve()
     ckpt = (a.ckpt or Path("/tmp/vlmtrain_slurm_ckpt") / a.case).resolve()
@@ -292,14 +289,10 @@ def main(argv: list[str] | None = None) -> int:
     store.append(a.results, f"slurm_preempt_{case.name}_1gpu", command(case, ckpt), {**metrics, **disk,
                    "slurm": slurm_version(), "passed": ok}, losses_uninterrupted=ref_losses,
                    losses_preempted_and_resumed=slurm_losses,
-                   runner=f"python -m vlmtrain.lab.checks.slurm_preempt --case {a.case}"
+                   runner=f"{experiments.command(__name__)} --case {a.case}"
                    + (f" --layers {a.layers}" if a.layers else ""))
     print(json.dumps({"case": a.case, "passed": ok, **metrics}, default=str), flush=True)
     if not ok:
         print(diagnostics(slurm["sweep"], slurm["job_id"]), file=sys.stderr)
         print((out / "launcher.txt").read_text()[-4000:], file=sys.stderr)
     return 0 if ok else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,7 @@
 """Small Hugging Face checkpoints of both model families, built locally with transformers' own model classes (random
 init, fixed seed, nothing downloaded): the input `model.hf_path` tests and the export round trip read.
 
-    python -m vlmtrain.lab.checks.tiny_hf qwen3_vl OUT [--num-layers N] [--dtype float32]
+    vlmtrain lab tiny-hf qwen3_vl OUT [--num-layers N] [--dtype float32]
 
 The config is the model group's own HF config of conf/model/tiny.yaml (qwen3_vl) or conf/model/tiny_qwen35.yaml
 (qwen35_vl), so its keys and nesting are the published checkpoints'; the processor is vlmtrain's offline one, so
@@ -61,15 +61,14 @@ def build(family: str, out: Path, num_layers: int = 4, dtype: str = "bfloat16") 
     return out
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("family", choices=[f.value for f in Family])
-    p.add_argument("out", type=Path)
-    p.add_argument("--num-layers", type=int, default=4)
-    p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
-    a = p.parse_args()
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("family", choices=[f.value for f in Family])
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--num-layers", type=int, default=4)
+    ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+
+
+def run(a: argparse.Namespace) -> int:
     print(build(a.family, a.out, a.num_layers, a.dtype))
+    return 0
 
-
-if __name__ == "__main__":
-    main()

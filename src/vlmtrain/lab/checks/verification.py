@@ -1,7 +1,7 @@
 """Issue 47's verification on one GPU, per model family: a Hugging Face checkpoint in, training, a Hugging Face
 checkpoint out, each step checked against transformers. One row per check appended to `--results`.
 
-    python -m vlmtrain.lab.checks.verification --results results/verification.jsonl [--families qwen3_vl qwen35_vl]
+    vlmtrain lab verification --results results/verification.jsonl [--families qwen3_vl qwen35_vl]
         [--checks parity_trained export_fsdp ...]
 
 Per family (qwen3_vl: Qwen3-VL-MoE; qwen35_vl: Qwen3.5-MoE), in `--work`/<family>:
@@ -24,7 +24,7 @@ Per family (qwen3_vl: Qwen3-VL-MoE; qwen35_vl: Qwen3.5-MoE), in `--work`/<family
 
 Every row's metrics carry `cosine` and `max_abs_diff` (logits for the parity rows, weights for frozen, the loss
 curves for resume; null for export and reload, which compare nothing numeric), `passed`, and `wall_s`: the seconds
-since the family's previous row (or its start), so a later call can be planned to fit a lent machine's limit.
+since the family's previous row (or its start), so a later GPU run can be planned to fit a time limit.
 `--checks` runs a subset with what it rests on: `parity_trained` alone trains run A and exports it (the export's row
 is written too), but skips run B.
 """
@@ -35,7 +35,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -43,7 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from vlmtrain.config.groups.model import Family
-from vlmtrain.lab import runner, store
+from vlmtrain.lab import experiments, runner, store
+from vlmtrain.lab.cases import Case
 from vlmtrain.lab.checks import resume, tiny_hf
 from vlmtrain.lab.runner import ROOT
 
@@ -56,7 +56,7 @@ FAMILIES = ("qwen3_vl", "qwen35_vl")
 CHECKS = ("parity_import", "resume", "export", "reload", "frozen", "parity_trained", "export_fsdp", "reload_fsdp",
           "frozen_fsdp")
 """`--checks` runs a subset in a fresh work dir, with the runs it rests on (Qwen3.5's whole family, kernels compiled
-on first use, takes about 12 minutes on an H100: longer than one call of a lent GPU machine)."""
+on first use, takes about 12 minutes on an H100: split it where a GPU run has a 10-minute limit)."""
 TIMEOUT_S = 600
 
 
@@ -108,11 +108,9 @@ def loss_check(ref: dict[int, float], got: dict[int, float], checkpoint_step: in
 
 
 def python(args: list[str], log: Path, gpu: int) -> int:
-    """A `python -m ...` step in a process of its own (its own CUDA context and process group), logged to `log`."""
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)}
-    with log.open("wb") as out:
-        return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, env=env, stdout=out,
-                              stderr=subprocess.STDOUT, timeout=TIMEOUT_S).returncode
+    """A `python -m ...` step in a process of its own (its own CUDA context and process group), logged to `log`;
+    past TIMEOUT_S its tree is killed and its status is -9."""
+    return runner.spawn([sys.executable, "-m", *args], log.parent, log=log, gpus=[gpu], timeout_s=TIMEOUT_S).wait()
 
 
 def parity(work: Path, name: str, reference: Path, option: str, gpu: int, hf: Path | None = None,
@@ -157,22 +155,33 @@ def family_checks(family: str, work: Path, gpu: int, emit, checks: tuple[str, ..
     option = tiny_hf.OPTIONS[Family(family)]
     hf = tiny_hf.build(family, work / "hf", num_layers=LAYERS)
     model = [f"model={option}", f"model.num_layers={LAYERS}", f"model.hf_path={hf}", "vision=frozen"]
-    need = needed(checks)
+    need, runs = needed(checks), training(work, model)
     if "parity_import" in checks:
         emit("parity_import", *parity(work, "parity_import", hf, option, gpu))
     if need["a"]:
-        checks_3d(work, hf, option, model, gpu, emit, checks)
+        checks_3d(work, hf, option, runs, gpu, emit, checks)
     if need["c"]:
-        checks_fsdp(work, hf, model, gpu, emit, checks)
+        checks_fsdp(work, hf, runs["c"], gpu, emit, checks)
 
 
-def checks_3d(work: Path, hf: Path, option: str, model: list[str], gpu: int, emit, checks: tuple[str, ...]) -> None:
+def training(work: Path, model: list[str]) -> dict[str, Case]:
+    """The family's training runs, each with its own checkpoint dir: A (3d, STEPS steps, a checkpoint every
+    SAVE_INTERVAL), B (A's training, killed after it logged step KILL_AFTER, then relaunched) and C (fsdp,
+    SAVE_INTERVAL steps)."""
+    def run(name: str, parallelism: str, iterations: int, **kw: Any) -> Case:
+        return Case(name, 1, resume.overrides(parallelism, work / f"ckpt_{name}", iterations=iterations,
+                                              save_interval=SAVE_INTERVAL, model=model), **kw)
+
+    return {"a": run("a", "3d", STEPS), "b": run("b", "3d", STEPS, interrupt_after=KILL_AFTER),
+            "c": run("c", "fsdp", SAVE_INTERVAL)}
+
+
+def checks_3d(work: Path, hf: Path, option: str, runs: dict[str, Case], gpu: int, emit,
+              checks: tuple[str, ...]) -> None:
     """Steps 3-7: runs A and B (resume), export, reload, frozen, parity of the trained model."""
-    need = needed(checks)
-    a_args = resume.overrides("3d", work / "ckpt_a", iterations=STEPS, save_interval=SAVE_INTERVAL, model=model)
-    b_args = resume.overrides("3d", work / "ckpt_b", iterations=STEPS, save_interval=SAVE_INTERVAL, model=model)
+    need, a_args, b_args = needed(checks), runs["a"].overrides, runs["b"].overrides
     run_a = resume.launch(a_args, work / "a", gpu)  # B runs beside A
-    b = kill_and_resume(b_args, work, gpu) if need["b"] else None
+    b = kill_and_resume(runs["b"], work, gpu) if need["b"] else None
     rc_a = run_a.wait()
     if b is not None:
         checked = loss_check(resume.losses(work / "a"), resume.losses(work / "b_resumed"), b["checkpoint_step"])
@@ -191,19 +200,18 @@ def checks_3d(work: Path, hf: Path, option: str, model: list[str], gpu: int, emi
         emit("parity_trained", *parity(work, "parity_trained", export, option, gpu, hf=hf, megatron=last))
 
 
-def kill_and_resume(b_args: list[str], work: Path, gpu: int) -> dict[str, Any]:
-    """Run B: killed once it has checkpointed and logged step KILL_AFTER, then relaunched unchanged."""
-    killed_at = resume.kill_after(resume.launch(b_args, work / "b_killed", gpu), work / "ckpt_b", work / "b_killed",
-                                  KILL_AFTER)
+def kill_and_resume(b: Case, work: Path, gpu: int) -> dict[str, Any]:
+    """Run B: killed once it has checkpointed and logged step `interrupt_after`, then relaunched unchanged."""
+    killed_at = resume.kill_after(resume.launch(b.overrides, work / "b_killed", gpu), work / "ckpt_b",
+                                  work / "b_killed", b.interrupt_after or 0)
     checkpoint_step = resume.tracker(work / "ckpt_b")
     return {"killed_after_step": killed_at, "checkpoint_step": checkpoint_step,
-            "rc_resumed": resume.launch(b_args, work / "b_resumed", gpu).wait()}
+            "rc_resumed": resume.launch(b.overrides, work / "b_resumed", gpu).wait()}
 
 
-def checks_fsdp(work: Path, hf: Path, model: list[str], gpu: int, emit, checks: tuple[str, ...]) -> None:
+def checks_fsdp(work: Path, hf: Path, c: Case, gpu: int, emit, checks: tuple[str, ...]) -> None:
     """Step 8: run C on Megatron-FSDP, then export, reload and frozen on its fsdp_dtensor checkpoint."""
-    c_args = resume.overrides("fsdp", work / "ckpt_c", iterations=SAVE_INTERVAL, save_interval=SAVE_INTERVAL,
-                              model=model)
+    c_args = c.overrides
     rc_c = resume.launch(c_args, work / "c", gpu).wait()
     if rc_c != 0:
         emit("export_fsdp", runner.recorded(c_args), {"cosine": None, "max_abs_diff": None, "rc_train": rc_c,
@@ -250,8 +258,7 @@ def writer(results: Path, family: str, driver: str, verdicts: list[bool],
     return emit
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--results", type=Path, default=ROOT / "results" / "verification.jsonl")
     ap.add_argument("--work", type=Path, default=ROOT / "outputs" / "verification")
     ap.add_argument("--families", nargs="+", choices=FAMILIES, default=list(FAMILIES))
@@ -259,8 +266,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="a subset, with the runs and exports it rests on (their rows too)")
     ap.add_argument("--gpu", type=int, default=0)
     ap.add_argument("--commit", default=os.environ.get("VLMTRAIN_COMMIT", "unknown"))
-    a = ap.parse_args(argv)
-    driver = (f"python -m vlmtrain.lab.checks.verification --families {' '.join(a.families)} "
+
+
+def run(a: argparse.Namespace) -> int:
+    driver = (f"{experiments.command(__name__)} --families {' '.join(a.families)} "
               f"--checks {' '.join(a.checks)} --gpu {a.gpu}")
     verdicts: list[bool] = []
 
@@ -268,7 +277,3 @@ def main(argv: list[str] | None = None) -> int:
         emit = writer(a.results, family, driver, verdicts, a.commit)
         family_checks(family, a.work / family, a.gpu, emit, tuple(a.checks))
     return 0 if verdicts and all(verdicts) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -13,13 +13,16 @@ min-max spread.
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vlmtrain.config import architecture as arch
-from vlmtrain.lab import cases, repeats, store
+from vlmtrain.lab import cases, experiments, repeats, store
+from vlmtrain.lab.runner import ROOT
 
 if TYPE_CHECKING:
     from vlmtrain.config.groups.model import ModelConfig
@@ -143,26 +146,22 @@ def towers_vs_ceiling(rows: list[dict[str, Any]], machine_run: str, peak: float)
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-    import json
-    from pathlib import Path
-
-    from vlmtrain.lab.cases import ROOT
-
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeats", type=int, default=5, help="timed repeats per shape (median and min-max)")
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--repeats", type=experiments.at_least(3, "a median needs them"), default=5,
+                    help="timed repeats per shape (median and min-max)")
     ap.add_argument("--results", type=Path, default=ROOT / "results" / "perf_h200.jsonl")
     ap.add_argument("--list", action="store_true", help="print the shapes and exit (CPU)")
     ap.add_argument("--towers", metavar="MACHINE_RUN", help="CPU: append MACHINE_RUN's towers-vs-ceiling row again "
                     "from the recorded rows (after an H1 summary landed on that machine run later than its ceiling "
                     "rows)")
-    args = ap.parse_args(argv)
-    if args.repeats < 3:
-        ap.error("--repeats must be >= 3: a median needs them")
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+
     gemms, source = h1_shapes()
     if args.towers:
-        cmd = f"python -m vlmtrain.lab.micro.ceiling --towers {args.towers}"
+        cmd = f"{experiments.command(__name__)} --towers {args.towers}"
         return 0 if append_towers(args.results, args.towers, source["peak_bf16_tflops"], cmd) else 1
     if args.list:
         for g in gemms:
@@ -176,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         print("matmul_ceiling: needs a GPU (--list prints the shapes here)", file=sys.stderr)
         return 2
     machine_run, peak = store.machine_run(), source["peak_bf16_tflops"]
-    cmd = "python -m vlmtrain.lab.micro.ceiling" + (f" --repeats {args.repeats}" if args.repeats != 5 else "")
+    cmd = experiments.command(__name__) + (f" --repeats {args.repeats}" if args.repeats != 5 else "")
     for g in gemms:
         metrics = row_metrics(g, time_gemm(g, args.repeats, iterations(g)), peak)
         store.append(args.results, f"{PREFIX}{g.name}_{machine_run}", cmd, metrics, machine_run=machine_run,
@@ -198,7 +197,3 @@ def append_towers(path: Any, machine_run: str, peak: float, command: str) -> dic
         return None
     print(f"[ceiling] towers vs their GEMM ceilings ({machine_run}): {metrics}", flush=True)
     return store.append(path, f"towers-vs-ceiling_{machine_run}", command, metrics, machine_run=machine_run)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

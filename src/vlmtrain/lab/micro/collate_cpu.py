@@ -6,21 +6,21 @@ of the same rows gives the shares of the collate's parts: Bridge's assistant los
 which renders each sample's chat template with its images again), the vision preprocessing the row itself needs
 (`process_vision_info`) and the processor's calls overall.
 
-    python -m vlmtrain.lab.micro.collate_cpu [--rows 8] [--capacity 12288] [overrides]   # any machine; CPU only
+    vlmtrain lab collate-cpu [--rows 8] [--capacity 12288] [overrides]   # any machine; CPU only
 """
 
 from __future__ import annotations
 
+import argparse
 import cProfile
 import os
 import pstats
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from vlmtrain.lab import store
+from vlmtrain.lab import experiments, store
 from vlmtrain.lab.micro.ceiling import H1_MODEL
 from vlmtrain.lab.runner import ROOT
 
@@ -100,28 +100,20 @@ def measure(train: Any, rows: int) -> dict[str, Any]:
             "tokens_per_s_one_worker": statistics.median(tokens) / med, **shares(profile)}
 
 
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    
-    root = ROOT
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rows", type=int, default=8, help="rows timed (median and min-max; at least 3)")
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--rows", type=experiments.at_least(3, "a median needs them"), default=8,
+                    help="rows timed (median and min-max; at least 3)")
     ap.add_argument("--capacity", type=int, default=12288, help="tokens per packed row (data.packing)")
-    ap.add_argument("--results", type=Path, default=root / "results" / "collate_cpu.jsonl")
-    ap.add_argument("--out", type=Path, default=root / "outputs" / "collate_cpu")
+    ap.add_argument("--results", type=Path, default=ROOT / "results" / "collate_cpu.jsonl")
+    ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "collate_cpu")
     ap.add_argument("overrides", nargs="*", help="on top of H1, e.g. kernels.mask_grid_only=false")
-    a = ap.parse_args(argv)
-    if a.rows < 3:
-        ap.error("--rows must be >= 3: a median needs them")
+
+
+def run(a: argparse.Namespace) -> int:
     metrics = measure(dataset(a.capacity, a.out, a.rows + 1, a.overrides), a.rows)
-    cmd = " ".join(["python -m vlmtrain.lab.micro.collate_cpu", *([f"--rows {a.rows}"] if a.rows != 8 else []),
+    cmd = " ".join([experiments.command(__name__), *([f"--rows {a.rows}"] if a.rows != 8 else []),
                     *([f"--capacity {a.capacity}"] if a.capacity != 12288 else []), *a.overrides])
     name = "_".join([f"collate-cpu_h1_packed{a.capacity}", *(o.replace("=", "-") for o in a.overrides)])
     row = store.append(a.results, name, cmd, metrics, cpu=cpu_name(), config=[*H1, *a.overrides])
     print(f"[collate_cpu] {row['metrics']}", flush=True)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

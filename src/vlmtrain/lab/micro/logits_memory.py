@@ -11,11 +11,13 @@ divided by tokens x vocab. Allocation is deterministic, so the repeats agree; th
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import sys
+from pathlib import Path
 from typing import Any
 
-from vlmtrain.lab import store
+from vlmtrain.lab import experiments, store
 from vlmtrain.lab.runner import ROOT
 
 TOKENS, VOCAB, HIDDEN = 12288, 151936, 2048
@@ -57,19 +59,13 @@ def bytes_per_logit(impl: str, tokens: int = TOKENS, vocab: int = VOCAB, hidden:
     return (torch.cuda.max_memory_allocated() - base) / (tokens * vocab)
 
 
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-    import sys
-    from pathlib import Path
-
-    
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeats", type=int, default=3)
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--repeats", type=experiments.at_least(3, "a median needs them"), default=3)
     ap.add_argument("--results", type=Path, default=ROOT / "results"
                     / "logits_memory_h200.jsonl")
-    a = ap.parse_args(argv)
-    if a.repeats < 3:
-        ap.error("--repeats must be >= 3: a median needs them")
+
+
+def run(a: argparse.Namespace) -> int:
     import torch
     import torch.distributed as dist
 
@@ -82,13 +78,9 @@ def main(argv: list[str] | None = None) -> int:
             got = [bytes_per_logit(impl) for _ in range(a.repeats)]
             metrics = {"bytes_per_logit": statistics.median(got), "bytes_per_logit_min": min(got),
                        "bytes_per_logit_max": max(got), "tokens": TOKENS, "vocab": VOCAB, "repeats": a.repeats}
-            store.append(a.results, f"logits-memory_{impl}", "python -m vlmtrain.lab.micro.logits_memory", metrics,
+            store.append(a.results, f"logits-memory_{impl}", experiments.command(__name__), metrics,
                            device=torch.cuda.get_device_name(0), torch=torch.__version__)
             print(f"[logits_memory] {impl}: {metrics}", flush=True)
     finally:
         dist.destroy_process_group()
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -22,15 +22,17 @@ compared with the first variant's (max abs difference), so a fast wrong kernel s
 
 from __future__ import annotations
 
+import argparse
 import functools
 import itertools
 import random
 import statistics
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from vlmtrain.lab import store
+from vlmtrain.lab import experiments, store
 from vlmtrain.lab.runner import ROOT
 
 HEADS, HEAD_DIM, VIT_LAYERS, MICRO_BATCHES = 16, 72, 27, 4
@@ -159,22 +161,17 @@ def measure(names: list[str], repeats: int, iters: int, lengths: list[int]) -> l
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-    import sys
-    from pathlib import Path
-
-    
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--only", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
-    ap.add_argument("--repeats", type=int, default=5, help="timed repeats per variant (median and min-max)")
+    ap.add_argument("--repeats", type=experiments.at_least(3, "a median needs them"), default=5,
+                    help="timed repeats per variant (median and min-max)")
     ap.add_argument("--iters", type=int, default=10, help="forward + backward calls per timed repeat")
     ap.add_argument("--results", type=Path, default=ROOT / "results"
                     / "vit_attention_h200.jsonl")
     ap.add_argument("--list", action="store_true", help="print the shapes and exit (CPU)")
-    a = ap.parse_args(argv)
-    if a.repeats < 3:
-        ap.error("--repeats must be >= 3: a median needs them")
+
+
+def run(a: argparse.Namespace) -> int:
     lengths = seqlens()
     shape = {"sequences": len(lengths), "patches": sum(lengths), "max_seqlen": max(lengths), "heads": HEADS,
              "head_dim": HEAD_DIM, "gflop_fwd_bwd": round(flops(lengths) / 1e9, 1)}
@@ -187,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         print("vit_attention: needs a GPU (--list prints the shapes here)", file=sys.stderr)
         return 2
     only = f" --only {' '.join(a.only)}" if a.only != list(VARIANTS) else ""
-    cmd = "python -m vlmtrain.lab.micro.vit_attention" + only
+    cmd = experiments.command(__name__) + only
     for name, metrics in measure(a.only, a.repeats, a.iters, lengths):
         if "skipped" in metrics:  # nothing measured: said here, no row
             print(f"[vit_attention] {name} skipped: {metrics['skipped']}", flush=True)
@@ -196,7 +193,3 @@ def main(argv: list[str] | None = None) -> int:
                        device=torch.cuda.get_device_name(0), torch=torch.__version__)
         print(f"[vit_attention] {name}: {metrics}", flush=True)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from vlmtrain.config.compose import CONF_DIR
-from vlmtrain.lab import store
+from vlmtrain.lab import experiments, store
 
 PAUSED = 3
 """Exit status of an invocation that hit --max-wall-min: run the same command again to resume."""
@@ -29,7 +29,7 @@ FOUND_BY = "Found by `vlmtrain tune"
 BLOCKED = 4
 """Exit status where the same command would run nothing: a larger --budget-gpu-min or --max-wall-min is needed."""
 EXIT = {"wall": PAUSED, "wall_short": BLOCKED, "too_small": BLOCKED, "plan": 0}
-"""Exit status by why the search stopped (search.Search.end); done: 0 with a winner, else 1."""
+"""Exit status by why the search stopped (tune.budget.end); done: 0 with a winner, else 1."""
 
 
 def split(overrides: list[str]) -> tuple[list[str], list[str]]:
@@ -97,7 +97,7 @@ def main(args: argparse.Namespace) -> int:
     from vlmtrain.config.overrides import check_args
     from vlmtrain.lab import spec
     from vlmtrain.lab.tune import outputs, search, space, trials
-    
+
     config, launcher = split(args.overrides)
     if problem := check_args(config):
         print(f"vlmtrain tune: {problem}", file=sys.stderr)
@@ -130,7 +130,7 @@ def main(args: argparse.Namespace) -> int:
                       budget_gpu_s=args.budget_gpu_min * 60 if args.budget_gpu_min else None,
                       max_wall_s=args.max_wall_min * 60 if args.max_wall_min else None, extra=[*launcher, *cache],
                       versus=versus, plan=args.plan)
-    command = "vlmtrain tune " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["tune"] else args.overrides)
+    command = experiments.typed(args)
     state = s.run()
     winner, end = state.get("winner"), state["end"]
     preset = None
@@ -154,9 +154,7 @@ def main(args: argparse.Namespace) -> int:
     return 0 if winner else 1
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    tune = sub.add_parser("tune", help="search the guidance's knobs for this model and world; write the best as a "
-                          "preset", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(tune: argparse.ArgumentParser) -> None:
     tune.add_argument("overrides", nargs="*", help="train.py overrides: model, data, hardware, nodes, gpus_per_node, "
                       "train.global_batch_size, ...; hydra/launcher=slurm hydra.launcher.* for Slurm")
     tune.add_argument("--budget-gpu-min", type=float, help="GPU minutes the search may spend (every invocation's); "
@@ -177,4 +175,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                       " a base data.cache_dir=... wins)")
     tune.add_argument("--results", type=Path, help="append the search's row (winner, gpu_min, tune_vs_hand) here")
     tune.add_argument("--plan", action="store_true", help="prune the first stage's candidates and stop (no GPU)")
-    tune.set_defaults(func=main)
+
+
+def run(args: argparse.Namespace) -> int:
+    """`main`, a bad spec or --versus refused with exit 2."""
+    from vlmtrain.lab import spec
+
+    try:
+        return main(args)
+    except (spec.SpecError, ValueError) as e:
+        print(f"vlmtrain tune: {e}", file=sys.stderr)
+        return 2

@@ -14,8 +14,9 @@ from typing import Any
 import yaml
 
 from vlmtrain.config.groups import CHOSEN
-from vlmtrain.lab.tune import trials
-from vlmtrain.lab.tune.search import FINAL, TRIAL_FLOOR_S, Search, gpu_min, runs_by_name
+from vlmtrain.lab.tune import budget, trials
+from vlmtrain.lab.tune.budget import gpu_min
+from vlmtrain.lab.tune.ledger import FINAL, TRIAL_FLOOR_S, runs_by_name
 
 SKIPPED_KEYS = ("train.iterations", "dry_run", "wandb.group", "hydra.")
 """Overrides of a trial that are not the configuration (the trial's length, its W&B group, launcher settings)."""
@@ -136,7 +137,7 @@ def _spend(state: dict[str, Any]) -> list[str]:
 def budget_ended(b: dict[str, Any]) -> str:
     """Where the budget ended the stages or the finalists (one of state["budget"]), in words."""
     after = f" after {b['ran']} of its trial(s)" if "ran" in b else ""
-    return (f"The budget ended {Search.part(b['stage'])}{after}: {b['why']}; at least {gpu_min(b['least_gpu_s'])} "
+    return (f"The budget ended {budget.part(b['stage'])}{after}: {b['why']}; at least {gpu_min(b['least_gpu_s'])} "
             "GPU-min would have run it")
 
 
@@ -144,7 +145,7 @@ def _budget(state: dict[str, Any]) -> list[str]:
     """Where the budget ended the search, and the least budget its first stage and the finalists needed."""
     lines, least, ended = [], state.get("least_budget"), state.get("budget") or []
     if isinstance(ended, dict):  # a state written before the search named each end: one {stage, why}
-        return ["", f"The budget ended {Search.part(ended['stage'])}: {ended['why']}."]
+        return ["", f"The budget ended {budget.part(ended['stage'])}: {ended['why']}."]
     for b in ended:
         lines += ["", budget_ended(b) + "."]
     if least and (state.get("end") or {}).get("reason") != "too_small":  # that end says it already

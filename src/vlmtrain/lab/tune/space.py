@@ -14,12 +14,14 @@ estimate, which reads the capacity, included): a candidate with an error finding
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import itertools
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from vlmtrain.lab.cases import Case
 from vlmtrain.lab.spec import Spec, Stage
 
 if TYPE_CHECKING:
@@ -78,9 +80,9 @@ class Around:
 
 @dataclass
 class Candidate:
-    values: dict[str, Any]
-    name: str
-    overrides: list[str]
+    """A stage's case (the knobs' overrides and values; a packed one's GBS in rows once pruned) and its pruning."""
+
+    case: Case
     grid: int = 0
     """Which of the stage's grids it comes from (a ladder climbs per grid)."""
     findings: list[str] = field(default_factory=list)
@@ -115,7 +117,7 @@ def candidates(spec: Spec, parents: list[dict[str, Any]], grids: list[dict[str, 
             varied = {k: v.values(parent.get(k)) if isinstance(v, Around) else v for k, v in grid.items()}
             for combo in itertools.product(*varied.values()):
                 case = spec.case({**parent, **dict(zip(varied, combo, strict=True))})
-                seen.setdefault(case.name, Candidate(case.values, case.name, case.overrides, i))
+                seen.setdefault(case.name, Candidate(case, i))
     return list(seen.values())
 
 
@@ -180,8 +182,9 @@ def prune(spec: Spec, cands: list[Candidate], node_gpus: int) -> list[Candidate]
     """Size packed candidates' GBS in rows, then mark the candidates preflight refuses (pruned, with the findings
     that say why); returns all of them."""
     for c in cands:
-        c.overrides = [*c.overrides, *packed_rows(spec, [*spec.base, *c.overrides], node_gpus)]
-        c.findings = check([*spec.base, *c.overrides], node_gpus)
+        rows = packed_rows(spec, [*spec.base, *c.case.overrides], node_gpus)
+        c.case = dataclasses.replace(c.case, overrides=[*c.case.overrides, *rows])
+        c.findings = check([*spec.base, *c.case.overrides], node_gpus)
         c.pruned = any(f.startswith("[error]") for f in c.findings)
     return cands
 

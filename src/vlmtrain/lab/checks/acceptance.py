@@ -1,13 +1,13 @@
 """The GPU acceptance suite: every path a new user takes, run through `python train.py` on one GPU node.
 
-    python tests/gpu/acceptance.py [--only NAME ...] [--out DIR] [--results results/gpu_acceptance.jsonl]
+    vlmtrain lab acceptance [--only NAME ...] [--out DIR] [--results results/gpu_acceptance.jsonl]
     pytest -m gpu tests/gpu/test_acceptance.py         # the same cases, asserted
 
-Cases are data (CASES): the three models, every data kind from real files (made here from the shipped photos
-with `vlmtrain data export`), bad images with and without `data.skip_bad_images`, and a real `-m` sweep with its
-report. Cases of one `slot` group run side by side on the one GPU (the tiny ones need a few GiB each, so their
-timings are not performance figures); `exclusive` cases run alone. Each finished case appends one row to the
-results file (name, command, date, machine, rc, metrics) and `verdict()` says what it expected and did not see.
+Cases are data (CASES): the three models, every data kind from real files (made here from the shipped photos, as
+`vlmtrain data export` writes them), bad images with and without `data.skip_bad_images`, and a real `-m` sweep with
+its report. Cases run side by side on the one GPU (the tiny ones need a few GiB each, so their timings are not
+performance figures); `exclusive` cases run alone. Each finished case appends one row to the results file (name,
+command, date, machine, rc, metrics) and `verdict()` says what it expected and did not see.
 """
 
 from __future__ import annotations
@@ -16,13 +16,11 @@ import argparse
 import json
 import os
 import re
-import subprocess
-import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from vlmtrain.lab import cases, runner, store
+from vlmtrain.lab.cases import INPUTS, Case
 from vlmtrain.lab.runner import ROOT
 from vlmtrain.observe import run_summary
 
@@ -30,76 +28,41 @@ TINY = [*cases.TINY, *cases.steps(10)]
 SHAPE_30B = [*cases.SHAPE_30B, *cases.steps(8)]
 SHAPE_35 = [*cases.SHAPE_35, *cases.steps(6)]
 SHAPE_235B = [*cases.SHAPE_235B, *cases.steps(6)]
-INPUTS = "{inputs}"
-"""Placeholder in overrides for the folder prepare_inputs() writes the exported datasets into."""
-EXPORTS = {"jsonl": [], "parquet": [], "hf": [], "energon": [], "parquet_bad": ["--corrupt", "2"]}
-"""Folder under INPUTS -> extra `vlmtrain data export` arguments (the format is the folder name's first part)."""
-
-
-@dataclass
-class AcceptanceCase:
-    """A one-GPU named run (vlmtrain.lab.cases.Case) and what the suite expects of it."""
-
-    run: cases.Case
-    exclusive: bool = False
-    """Runs alone on the GPU (large models), else side by side with the other non-exclusive cases."""
-    sweep: bool = False
-    """A `-m` sweep: run in its own sweep dir, checked by its preflight.json and report."""
-    expect_rc: int = 0
-    expect: dict[str, Any] = field(default_factory=dict)
-    """skipped_samples: N; message: regex the output must match; sweep_jobs: N; max_first_step_s: s."""
-
-    @property
-    def name(self) -> str:
-        return self.run.name
-
-
-def accept(name: str, overrides: list[str], **expect: Any) -> AcceptanceCase:
-    """A one-GPU case and its expectations (the AcceptanceCase fields)."""
-    return AcceptanceCase(cases.Case(name, 1, overrides), **expect)
-
-
-CASES: list[AcceptanceCase] = [
-    accept("tiny_sample", TINY),
-    accept("tiny_realistic", [*TINY, "data=realistic"]),
-    accept("tiny_jsonl", [*TINY, "data=jsonl", f"data.path={INPUTS}/jsonl/data.jsonl"]),
-    accept("tiny_parquet", [*TINY, "data=parquet", f"data.path={INPUTS}/parquet/data.parquet"]),
-    accept("tiny_hf", [*TINY, "data=hf", f"data.path={INPUTS}/hf"]),
-    accept("tiny_energon", [*TINY, "data=energon", f"data.path={INPUTS}/energon"]),
-    accept("tiny_mock", [*TINY, "data=mock"]),
-    accept("tiny_parquet_bad_skipped", [*TINY, "data=parquet", f"data.path={INPUTS}/parquet_bad/data.parquet",
-                                        "data.skip_bad_images=true"], expect={"skipped_samples": 2}),
-    accept("tiny_parquet_bad_refused", [*TINY, "data=parquet", f"data.path={INPUTS}/parquet_bad/data.parquet"],
-           expect_rc=2, expect={"message": r"parquet_bad/data\.parquet.*row \d+"}),
-    accept("tiny_sweep_mbs", ["train.micro_batch_size=1,2", "train.iterations=6"], sweep=True,
-           expect={"sweep_jobs": 2}),
-    accept("30b-shape-l4_realistic", SHAPE_30B, exclusive=True),
+CASES = [
+    Case("tiny_sample", 1, TINY),
+    Case("tiny_realistic", 1, [*TINY, "data=realistic"]),
+    Case("tiny_jsonl", 1, [*TINY, "data=jsonl", f"data.path={INPUTS}/jsonl/data.jsonl"]),
+    Case("tiny_parquet", 1, [*TINY, "data=parquet", f"data.path={INPUTS}/parquet/data.parquet"]),
+    Case("tiny_hf", 1, [*TINY, "data=hf", f"data.path={INPUTS}/hf"]),
+    Case("tiny_energon", 1, [*TINY, "data=energon", f"data.path={INPUTS}/energon"]),
+    Case("tiny_mock", 1, [*TINY, "data=mock"]),
+    Case("tiny_parquet_bad_skipped", 1, [*TINY, "data=parquet", f"data.path={INPUTS}/parquet_bad/data.parquet",
+                                         "data.skip_bad_images=true"], expect={"skipped_samples": 2}),
+    Case("tiny_parquet_bad_refused", 1, [*TINY, "data=parquet", f"data.path={INPUTS}/parquet_bad/data.parquet"],
+         expect_rc=2, expect={"message": r"parquet_bad/data\.parquet.*row \d+"}),
+    Case("tiny_sweep_mbs", 1, ["train.micro_batch_size=1,2", "train.iterations=6"], multirun=True,
+         expect={"sweep_jobs": 2}),
+    Case("30b-shape-l4_realistic", 1, SHAPE_30B, exclusive=True),
     # beside the tiny cases: its first run is mostly TileLang's kernel JIT (minutes), which the next case must skip
-    accept("qwen35-l4_first-run", SHAPE_35),
-    accept("qwen35-l4_second-run", SHAPE_35, exclusive=True, expect={"max_first_step_s": 60.0}),
-    accept("235b-l1_realistic", SHAPE_235B, exclusive=True),
+    Case("qwen35-l4_first-run", 1, SHAPE_35),
+    Case("qwen35-l4_second-run", 1, SHAPE_35, exclusive=True, expect={"max_first_step_s": 60.0}),
+    Case("235b-l1_realistic", 1, SHAPE_235B, exclusive=True),
     # the kernels group on Qwen3.5: CUTLASS experts, fused router, TE cross entropy and RoPE, host ViT positions
-    accept("qwen35-l4_kernels-fast", [*SHAPE_35, "kernels=fast"]),
-    accept("qwen35-l4_packing_refused", [*SHAPE_35, "data.packing=8192"], expect_rc=1,
-           expect={"message": "qwen35_packing_unverified"}),
+    Case("qwen35-l4_kernels-fast", 1, [*SHAPE_35, "kernels=fast"]),
+    Case("qwen35-l4_packing_refused", 1, [*SHAPE_35, "data.packing=8192"], expect_rc=1,
+         expect={"message": "qwen35_packing_unverified"}),
 ]
+"""One GPU each; `exclusive` ones run alone, the rest side by side; a `multirun` one is a `-m` sweep, checked by its
+preflight.json and report; `expect`: skipped_samples N, message (a regex the output must match), sweep_jobs N,
+max_first_step_s."""
 
 
-def overrides(case: AcceptanceCase, inputs: Path) -> list[str]:
+def overrides(case: Case, inputs: Path) -> list[str]:
     """The case's train.py overrides (one GPU, no W&B upload; `-m` for a sweep is runner's). A sweep leaves
     gpus_per_node unset, as a user does: its preflight must count this node's GPUs (the sweep recorded on
     2026-12-01 still set gpus_per_node=1)."""
-    world = [] if case.sweep else [f"gpus_per_node={case.run.gpus}"]
-    return [*(o.replace(INPUTS, str(inputs)) for o in case.run.overrides), *world, "wandb.enabled=false"]
-
-
-def prepare_inputs(inputs: Path) -> None:
-    """The real-file datasets of the data-kind cases, written from the shipped photos by vlmtrain itself."""
-    for folder, extra in EXPORTS.items():
-        if not (inputs / folder).exists():
-            fmt = folder.split("_")[0]
-            subprocess.run([sys.executable, "-m", "vlmtrain.cli", "data", "export", "--format", fmt,
-                            "--out", str(inputs / folder), *extra], check=True, cwd=ROOT)
+    world = [] if case.multirun else [f"gpus_per_node={case.gpus}"]
+    return [*cases.with_inputs(case.overrides, inputs), *world, "wandb.enabled=false"]
 
 
 CASE_FILE = "case.json"
@@ -111,10 +74,10 @@ def recorded_rc(run_dir: Path) -> int:
     return json.loads((run_dir / CASE_FILE).read_text())["metrics"]["rc"]
 
 
-def outcome(case: AcceptanceCase, rc: int, run_dir: Path, wall_s: float) -> dict[str, Any]:
+def outcome(case: Case, rc: int, run_dir: Path, wall_s: float) -> dict[str, Any]:
     """What the case's run dir says: rc, summary metrics, skipped samples, first step time, checks, sweep report."""
     log = (run_dir / "train.log").read_text(errors="replace")
-    job_dirs = sorted(p.parent for p in run_dir.glob("*/metrics.jsonl")) if case.sweep else [run_dir]
+    job_dirs = sorted(p.parent for p in run_dir.glob("*/metrics.jsonl")) if case.multirun else [run_dir]
     rows = run_summary.read_jsonl(job_dirs[0] / "metrics.jsonl") if job_dirs else []
     summary = run_summary.summarize(job_dirs[0]) if job_dirs else {}
     metrics: dict[str, Any] = {k: summary[k] for k in ("steps", "first_loss", "last_loss", "mfu", "peak_mem_gib",
@@ -126,7 +89,7 @@ def outcome(case: AcceptanceCase, rc: int, run_dir: Path, wall_s: float) -> dict
     out: dict[str, Any] = {"rc": rc, "wall_s": round(wall_s, 1), "metrics": metrics,
                            "checks": json.loads(checks_file.read_text()) if checks_file.exists() else {},
                            "log_tail": log[-3000:]}
-    if case.sweep:
+    if case.multirun:
         pre = run_dir / "preflight.json"
         out["sweep"] = {"jobs_with_metrics": len(job_dirs),
                         "preflight": json.loads(pre.read_text()) if pre.exists() else None,
@@ -134,7 +97,7 @@ def outcome(case: AcceptanceCase, rc: int, run_dir: Path, wall_s: float) -> dict
     return out
 
 
-def verdict(case: AcceptanceCase, got: dict[str, Any]) -> list[str]:
+def verdict(case: Case, got: dict[str, Any]) -> list[str]:
     """What the case expected and did not see (empty: it passed)."""
     problems: list[str] = []
     m, want = got["metrics"], case.expect
@@ -166,42 +129,40 @@ def verdict(case: AcceptanceCase, got: dict[str, Any]) -> list[str]:
     return problems
 
 
-def run(selected: list[AcceptanceCase], out: Path, results_path: Path, inputs: Path,
-        commit: str) -> dict[str, list[str]]:
+def run_cases(selected: list[Case], out: Path, results_path: Path, inputs: Path,
+              commit: str) -> dict[str, list[str]]:
     """Run the cases (side-by-side ones first, then each exclusive one alone); one results row per case."""
-    prepare_inputs(inputs)
+    cases.export_inputs(inputs)
     problems: dict[str, list[str]] = {}
     batches = [[c for c in selected if not c.exclusive], *([c] for c in selected if c.exclusive)]
     for batch in (b for b in batches if b):
-        started = [(c, runner.start(overrides(c, inputs), out / c.name, multirun=c.sweep, fresh=True)) for c in batch]
+        started = [(c, runner.start(overrides(c, inputs), out / c.name, multirun=c.multirun, fresh=True))
+                   for c in batch]
         for case, started_run in started:
             rc, run_dir = started_run.wait(), started_run.run_dir
             got = outcome(case, rc, run_dir, started_run.wall_s())
             problems[case.name] = verdict(case, got)
             metrics = {"rc": got["rc"], **got["metrics"], "wall_s": got["wall_s"]}
-            command = runner.recorded(overrides(case, Path("<inputs>")), multirun=case.sweep)
+            command = runner.recorded(overrides(case, Path("<inputs>")), multirun=case.multirun)
             row = store.append(results_path, case.name, command, metrics, commit=commit,
                                  ok=not problems[case.name], problems=problems[case.name],
                                  side_by_side=[c.name for c in batch] if len(batch) > 1 else [],
-                                 **({"sweep": got["sweep"]} if case.sweep else {}))
+                                 **({"sweep": got["sweep"]} if case.multirun else {}))
             (run_dir / CASE_FILE).write_text(json.dumps(row, indent=1) + "\n")  # the run dir keeps its own row
             print(f"[acceptance] {case.name}: {'ok' if not problems[case.name] else problems[case.name]} "
                   f"{json.dumps(metrics)}", flush=True)
     return problems
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--only", nargs="*", help="case names (substring match)")
     ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "acceptance")
     ap.add_argument("--results", type=Path, default=ROOT / "results" / "gpu_acceptance.jsonl")
     ap.add_argument("--commit", default=os.environ.get("VLMTRAIN_COMMIT", "unknown"),
                     help="the commit the run dirs were made with (recorded in every row)")
-    args = ap.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
     selected = [c for c in CASES if not args.only or any(s in c.name for s in args.only)]
-    problems = run(selected, args.out, args.results, args.out / "inputs", args.commit)
+    problems = run_cases(selected, args.out, args.results, args.out / "inputs", args.commit)
     return 1 if any(problems.values()) else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
