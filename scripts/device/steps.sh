@@ -3,8 +3,9 @@
 # "Testing on a GPU"); each writes its rows and a tarball of its logs under $OUT, which the call brings back.
 #   VLMTRAIN_COMMIT=<sha> bash scripts/device/steps.sh STEP
 # Steps, in the order a fresh machine should run them (each fits one 10-minute call on one H100):
-#   verify35      Qwen3.5 HF round trip: parity_import and parity_trained (with the FP32 control and per-layer
-#                 differences of vlmtrain.lab.checks.hf_parity)
+#   verify35      Qwen3.5 HF round trip, VERIFY_CHECKS of vlmtrain.lab.checks.verification (default parity_import
+#                 parity_trained; a whole family takes three calls: "parity_import parity_trained reload frozen",
+#                 then "resume", then "export_fsdp reload_fsdp frozen_fsdp")
 #   pack35tiny    packing equivalence of tiny Qwen3.5 (Gated DeltaNet + attention, boundaries controls)
 #   pack35h2l2    packing equivalence at H2's layer shapes, 2 layers (one Gated DeltaNet, one attention)
 #   verify3vl     verify35's checks for Qwen3-VL-MoE (the same checkpoint builder, its 1-D weights spread)
