@@ -1,7 +1,10 @@
-"""Shared fixtures: compose the shipped configs exactly as train.py does (Hydra's compose API)."""
+"""Shared fixtures: compose the shipped configs exactly as train.py does (Hydra's compose API); how many workers
+`-n auto` (pyproject's addopts) starts."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -10,6 +13,18 @@ import pytest
 
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+MAX_WORKERS = 4
+"""Each worker imports Bridge (~2 GB) and some tests start Bridge processes of their own: more would crowd memory."""
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """One worker per CPU this process may use, at most MAX_WORKERS; none for a GPU run (`-m gpu`): its tests share
+    the node's GPUs, so they run one after another unless `-n N` asks otherwise."""
+    marks = config.option.markexpr
+    if "gpu" in marks and "not gpu" not in marks:
+        return 0
+    return min(len(os.sched_getaffinity(0)), MAX_WORKERS)
 
 
 @pytest.fixture(scope="session")
@@ -35,3 +50,24 @@ def bridge() -> object:
 def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A data cache_dir for the session: the sample photos are written once for every data test."""
     return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture(scope="session")
+def dry_run(bridge: object) -> Callable[..., tuple[int, str]]:
+    """dry_run(*overrides, run_dir=...) -> (exit status, printed plan): what `python train.py <overrides>
+    dry_run=true hydra.run.dir=<run_dir>` does on a machine without GPUs (vlmtrain.flow.main: compose, place on the
+    declared world, plan.dry_run), in this process, so the test pays no Bridge import of its own. tests/unit/
+    test_runner.py runs the real train.py subprocess."""
+    from vlmtrain.build import plan
+    from vlmtrain.check.defaults import placed
+    from vlmtrain.config.compose import compose as vlm_compose
+
+    def _dry_run(*overrides: str, run_dir: Path) -> tuple[int, str]:
+        run = vlm_compose([*overrides, "dry_run=true"], output_dir=str(run_dir))
+        _, res = placed(run, 0)
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            status = plan.dry_run(run, res)
+        return status, printed.getvalue()
+
+    return _dry_run
