@@ -13,6 +13,9 @@ import pytest
 
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+if workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 0)):  # set by xdist before it imports this file
+    # each worker's torch would start one thread per CPU: together they would spin on more threads than CPUs
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // workers)))
 
 MAX_WORKERS = 4
 """Each worker imports Bridge (~2 GB) and some tests start Bridge processes of their own: more would crowd memory."""
@@ -51,6 +54,21 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A data cache_dir for the session: the sample photos are written once for every data test."""
     return tmp_path_factory.mktemp("cache")
 
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """tiny_checkpoint(family) -> a 4-layer HF checkpoint of qwen3_vl or qwen35_vl (lab.checks.tiny_hf), built once
+    for every test that reads one; a test that changes one works on its own copy."""
+    from vlmtrain.lab.checks import tiny_hf
+
+    built: dict[str, Path] = {}
+
+    def _checkpoint(family: str) -> Path:
+        if family not in built:
+            built[family] = tiny_hf.build(family, tmp_path_factory.mktemp(family) / "ckpt", num_layers=4)
+        return built[family]
+
+    return _checkpoint
 
 @pytest.fixture(scope="session")
 def dry_run(bridge: object) -> Callable[..., tuple[int, str]]:

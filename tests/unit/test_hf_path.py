@@ -18,9 +18,8 @@ OPTION = {"qwen3_vl": "tiny", "qwen35_vl": "tiny_qwen35"}
 
 
 @pytest.fixture(scope="module", params=["qwen3_vl", "qwen35_vl"])
-def checkpoint(request, tmp_path_factory) -> tuple[str, Path]:
-    family = request.param
-    return family, tiny_hf.build(family, tmp_path_factory.mktemp(family) / "ckpt", num_layers=4)
+def checkpoint(request, tiny_checkpoint) -> tuple[str, Path]:
+    return request.param, tiny_checkpoint(request.param)
 
 
 def messages(run) -> list[str]:
