@@ -1,5 +1,6 @@
-"""Shared fixtures: compose the shipped configs exactly as train.py does (Hydra's compose API); how many workers
-`-n auto` (pyproject's addopts) starts."""
+"""Shared fixtures, built once per worker for every module that reads them: compose the shipped configs exactly as
+train.py does (Hydra's compose API), the Bridge import, a data cache, the tiny HF checkpoints, train.py's dry run in
+process. And how many workers `-n auto` (pyproject's addopts) starts."""
 
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ def bridge() -> object:
 
 @pytest.fixture(scope="session")
 def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A data cache_dir for the session: the sample photos are written once for every data test."""
+    """A data cache_dir for the session: the sample photos are written once (per worker) for every data test."""
     return tmp_path_factory.mktemp("cache")
 
 
@@ -69,6 +70,7 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str],
         return built[family]
 
     return _checkpoint
+
 
 @pytest.fixture(scope="session")
 def dry_run(bridge: object) -> Callable[..., tuple[int, str]]:
