@@ -19,7 +19,8 @@ if workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 0)):  # set by xdi
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // workers)))
 
 MAX_WORKERS = 4
-"""Each worker imports Bridge (~2 GB) and some tests start Bridge processes of their own: more would crowd memory."""
+"""A worker holds Bridge, torch and what its tests build (several GB at its peak), and some tests start Bridge processes
+of their own: more workers would crowd memory."""
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
