@@ -1,7 +1,11 @@
-"""Shared fixtures: compose the shipped configs exactly as train.py does (Hydra's compose API)."""
+"""Shared fixtures, built once per worker for every module that reads them: compose the shipped configs exactly as
+train.py does (Hydra's compose API), the Bridge import, a data cache, the tiny HF checkpoints, train.py's dry run in
+process. And how many workers `-n auto` (pyproject's addopts) starts."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -10,6 +14,22 @@ import pytest
 
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+if workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 0)):  # set by xdist before it imports this file
+    # each worker's torch would start one thread per CPU: together they would spin on more threads than CPUs
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // workers)))
+
+MAX_WORKERS = 4
+"""A worker holds Bridge, torch and what its tests build (several GB at its peak), and some tests start Bridge processes
+of their own: more workers would crowd memory."""
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """One worker per CPU this process may use, at most MAX_WORKERS; none for a GPU run (`-m gpu`): its tests share
+    the node's GPUs, so they run one after another unless `-n N` asks otherwise."""
+    marks = config.option.markexpr
+    if "gpu" in marks and "not gpu" not in marks:
+        return 0
+    return min(len(os.sched_getaffinity(0)), MAX_WORKERS)
 
 
 @pytest.fixture(scope="session")
@@ -33,5 +53,42 @@ def bridge() -> object:
 
 @pytest.fixture(scope="session")
 def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A data cache_dir for the session: the sample photos are written once for every data test."""
+    """A data cache_dir for the session: the sample photos are written once (per worker) for every data test."""
     return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """tiny_checkpoint(family) -> a 4-layer HF checkpoint of qwen3_vl or qwen35_vl (lab.checks.tiny_hf), built once
+    for every test that reads one; a test that changes one works on its own copy."""
+    from vlmtrain.lab.checks import tiny_hf
+
+    built: dict[str, Path] = {}
+
+    def _checkpoint(family: str) -> Path:
+        if family not in built:
+            built[family] = tiny_hf.build(family, tmp_path_factory.mktemp(family) / "ckpt", num_layers=4)
+        return built[family]
+
+    return _checkpoint
+
+
+@pytest.fixture(scope="session")
+def dry_run(bridge: object) -> Callable[..., tuple[int, str]]:
+    """dry_run(*overrides, run_dir=...) -> (exit status, printed plan): what `python train.py <overrides>
+    dry_run=true hydra.run.dir=<run_dir>` does on a machine without GPUs (vlmtrain.flow.main: compose, place on the
+    declared world, plan.dry_run), in this process, so the test pays no Bridge import of its own. tests/unit/
+    test_runner.py runs the real train.py subprocess."""
+    from vlmtrain.build import plan
+    from vlmtrain.check.defaults import placed
+    from vlmtrain.config.compose import compose as vlm_compose
+
+    def _dry_run(*overrides: str, run_dir: Path) -> tuple[int, str]:
+        run = vlm_compose([*overrides, "dry_run=true"], output_dir=str(run_dir))
+        _, res = placed(run, 0)
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            status = plan.dry_run(run, res)
+        return status, printed.getvalue()
+
+    return _dry_run

@@ -153,11 +153,16 @@ def _check(*overrides: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "parquet", "hf", "energon"])
-def test_data_check_lists_every_bad_sample(exported: dict, cache: Path, tmp_path: Path, fmt: str) -> None:
+def test_data_check_lists_every_bad_sample(exported: dict, cache: Path, tmp_path: Path, fmt: str,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """`vlmtrain data check` in this process (cli.main); test_data_check_passes_clean_data runs the command."""
+    from vlmtrain import cli
+
     m = exported[fmt]
-    done = _check(*m["overrides"], f"data.cache_dir={tmp_path}")
-    assert done.returncode == 1, done.stderr
-    lines = done.stdout.strip().splitlines()
+    status = cli.main(["data", "check", *m["overrides"], f"data.cache_dir={tmp_path}"])
+    done = capsys.readouterr()
+    assert status == 1, done.err
+    lines = done.out.strip().splitlines()
     assert len(lines) == 3
     for bad, line in zip(m["corrupt"], lines, strict=False):
         assert line.startswith(f"{m['path']}: {bad['sample']} (id {bad['id']})" if fmt != "energon" else

@@ -1,11 +1,10 @@
 """model.hf_path: a tiny checkpoint of each family built with transformers' own classes (lab.checks.tiny_hf) is
-read by the real dry run (the provider's shapes, the processor, Bridge's pretrained_checkpoint, HF_HUB_OFFLINE),
-and preflight refuses a mismatch, a dir without config.json and an unsupported architecture."""
+read by the real dry run (the provider's shapes, the processor, Bridge's pretrained_checkpoint, HF_HUB_OFFLINE; the
+plan train.py prints, made in this process), and preflight refuses a mismatch, a dir without config.json and an
+unsupported architecture."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,14 +14,12 @@ from vlmtrain.check import preflight
 from vlmtrain.config.resolve import resolve
 from vlmtrain.lab.checks import tiny_hf
 
-ROOT = Path(__file__).resolve().parents[2]
 OPTION = {"qwen3_vl": "tiny", "qwen35_vl": "tiny_qwen35"}
 
 
 @pytest.fixture(scope="module", params=["qwen3_vl", "qwen35_vl"])
-def checkpoint(request, tmp_path_factory) -> tuple[str, Path]:
-    family = request.param
-    return family, tiny_hf.build(family, tmp_path_factory.mktemp(family) / "ckpt", num_layers=4)
+def checkpoint(request, tiny_checkpoint) -> tuple[str, Path]:
+    return request.param, tiny_checkpoint(request.param)
 
 
 def messages(run) -> list[str]:
@@ -89,13 +86,12 @@ def test_an_unsupported_architecture_is_refused(compose, tmp_path):
     assert "Qwen3_5MoeForConditionalGeneration" in msg
 
 
-def test_train_py_dry_run_with_hf_path(checkpoint, tmp_path):
+def test_dry_run_with_hf_path(dry_run, checkpoint, tmp_path):
     family, path = checkpoint
-    out = subprocess.run([sys.executable, str(ROOT / "train.py"), f"model={OPTION[family]}", f"model.hf_path={path}",
-                          "dry_run=true", f"hydra.run.dir={tmp_path}"], capture_output=True, text=True, cwd=ROOT)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "'HF_HUB_OFFLINE': '1'" in out.stdout and "preflight:" in out.stdout
-    assert "[error]" not in out.stdout and "[warning]" not in out.stdout  # info lines: what the auto defaults left off
+    status, printed = dry_run(f"model={OPTION[family]}", f"model.hf_path={path}", run_dir=tmp_path)
+    assert status == 0, printed[-3000:]
+    assert "'HF_HUB_OFFLINE': '1'" in printed and "preflight:" in printed
+    assert "[error]" not in printed and "[warning]" not in printed  # info lines: what the auto defaults left off
     assert f"pretrained_checkpoint: {path}" in (tmp_path / "bridge_config.yaml").read_text()
 
 

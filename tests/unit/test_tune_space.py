@@ -177,3 +177,15 @@ def test_space_reaches_every_shipped_preset(preset: str) -> None:
     missing = differs(flat([*s.base, *final.case.overrides], gpus), target)
     assert not missing, f"{preset}: no stage of conf/tune/default.yaml sets {missing} as the preset does; " \
         f"the path: {path}"
+
+
+def test_a_candidate_is_composed_once_and_placed_afresh() -> None:
+    """A search checks a candidate again in later stages: Hydra composes it once per process, and each check places
+    its own copy (placing settles the `auto` options in place; the cached run stays as composed)."""
+    overrides = ["model=tiny", "data=realistic", "train.iterations=13"]
+    run, res = space.placed_resolved(overrides, 1)
+    hits = space._composed.cache_info().hits
+    again, res_again = space.placed_resolved(overrides, 1)
+    assert space._composed.cache_info().hits == hits + 1
+    assert again is not run and res_again == res and res.auto  # the second check settled the options itself
+    assert space._composed(tuple(overrides)).parallelism.kind == "auto"

@@ -230,20 +230,13 @@ def test_report_has_the_validation_column_and_plot(tmp_path: Path) -> None:
     assert list(line.get_xdata()) == [4, 9] and list(line.get_ydata()) == [3.25, 2.75]
 
 
-def test_train_py_dry_run_plans_the_validation(cache: Path, tmp_path: Path) -> None:
-    """`train.py ... dry_run=true`: the plan names the held-out source and schedule, and the Bridge config it
-    writes evaluates the validation split; eval_interval without held-out samples stops at preflight (exit 2)."""
-    import subprocess
-    import sys
-
-    root = Path(__file__).resolve().parents[2]
-    args = [sys.executable, str(root / "train.py"), "data.validation_fraction=0.5", *EVAL, "dry_run=true",
-            f"data.cache_dir={cache}"]
-    out = subprocess.run([*args, f"hydra.run.dir={tmp_path / 'ok'}"], capture_output=True, text=True, cwd=root)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "validation: data.validation_fraction=0.5, every 5 steps x 2 batches" in out.stdout
+def test_dry_run_plans_the_validation(dry_run, cache: Path, tmp_path: Path) -> None:
+    """train.py's dry run: the plan names the held-out source and schedule, and the Bridge config it writes evaluates
+    the validation split; eval_interval without held-out samples stops at preflight (exit 2)."""
+    status, printed = dry_run("data.validation_fraction=0.5", *EVAL, f"data.cache_dir={cache}", run_dir=tmp_path / "ok")
+    assert status == 0, printed[-3000:]
+    assert "validation: data.validation_fraction=0.5, every 5 steps x 2 batches" in printed
     bridge_yaml = (tmp_path / "ok" / "bridge_config.yaml").read_text()
     assert "eval_interval: 5" in bridge_yaml and "do_validation: true" in bridge_yaml
-    refused = subprocess.run([sys.executable, str(root / "train.py"), *EVAL, "dry_run=true",
-                              f"hydra.run.dir={tmp_path / 'refused'}"], capture_output=True, text=True, cwd=root)
-    assert refused.returncode == 2 and "eval_interval_needs_validation" in refused.stdout + refused.stderr
+    status, printed = dry_run(*EVAL, run_dir=tmp_path / "refused")
+    assert status == 2 and "eval_interval_needs_validation" in printed

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from vlmtrain.lab.checks import hf_parity, resume, tiny_hf, verification
+from vlmtrain.lab.checks import hf_parity, resume, verification
 
 
 @pytest.fixture(scope="module", params=["qwen3_vl", "qwen35_vl"])
-def checkpoint(request, tmp_path_factory) -> Path:
-    return tiny_hf.build(request.param, tmp_path_factory.mktemp(request.param) / "ckpt", num_layers=4)
+def checkpoint(request, tiny_checkpoint) -> Path:
+    return tiny_checkpoint(request.param)
 
 
 def cpu_logits(hf_dir: Path, batch: dict, dtype=None):

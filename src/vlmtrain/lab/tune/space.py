@@ -14,7 +14,9 @@ estimate, which reads the capacity, included): a candidate with an error finding
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import importlib.util
 import itertools
 import math
@@ -121,12 +123,20 @@ def candidates(spec: Spec, parents: list[dict[str, Any]], grids: list[dict[str, 
     return list(seen.values())
 
 
+@functools.lru_cache(maxsize=1024)
+def _composed(overrides: tuple[str, ...]) -> RunConfig:
+    """Each candidate composed once per process (Hydra's composition is most of a check): a search checks the same
+    runs again in later stages, on resume and for its finalists."""
+    from vlmtrain.config.compose import compose
+
+    return compose(list(overrides))
+
+
 def placed_resolved(overrides: list[str], node_gpus: int) -> tuple[RunConfig, Resolved]:
     """The run as train.py composes it, placed on the world it will run on and resolved (check.defaults.placed)."""
     from vlmtrain.check import defaults
-    from vlmtrain.config.compose import compose
 
-    run = compose(overrides)
+    run = copy.deepcopy(_composed(tuple(overrides)))  # placing settles a run in place: keep the cached one as composed
     return run, defaults.placed(run, node_gpus)[1]
 
 
