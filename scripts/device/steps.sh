@@ -9,6 +9,8 @@
 #   pack35tiny    packing equivalence of tiny Qwen3.5 (Gated DeltaNet + attention, boundaries controls)
 #   pack35h2l2    packing equivalence at H2's layer shapes, 2 layers (one Gated DeltaNet, one attention)
 #   verify3vl     verify35's checks for Qwen3-VL-MoE (the same checkpoint builder, its 1-D weights spread)
+#   h2l2 SWEEP    a sweep of conf/tune/perf_h100.yaml (Qwen3.5 shapes at 2 layers, each lever alone against the
+#                 defaults, runs alternating, 3 each); a call stops before 540 s, and the same step resumes it
 set -uo pipefail
 step=${1:?usage: steps.sh STEP}
 export PYTHONPATH=/tmp/site:$PWD/src NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -32,6 +34,15 @@ case $step in
       --results "$OUT/packing_equivalence.jsonl"
     rc=$?
     logs "outputs/packing_equivalence/$case"
+    ;;
+  h2l2)
+    sweep=${2:?usage: steps.sh h2l2 SWEEP}
+    mkdir -p /tmp/keep && touch /tmp/keep/perf.jsonl && cp /tmp/keep/perf.jsonl "$OUT/perf_h200.jsonl"
+    timeout 570 python3 -m vlmtrain.cli sweep perf_h100 --sweep "$sweep" --budget-s 540 \
+      --results "$OUT/perf_h200.jsonl" --out /tmp/runs
+    rc=$?
+    cp "$OUT/perf_h200.jsonl" /tmp/keep/perf.jsonl
+    logs /tmp/runs
     ;;
   *) echo "unknown step $step"; exit 2;;
 esac

@@ -182,16 +182,16 @@ def lengths(run: RunConfig) -> rows.Lengths | None:
     if run.data.kind == Kind.energon:
         return None
     try:
-        with _cache_lock(run):
+        proc = str(processor_dir(run))
+        with _cache_lock(run):  # the lengths too: a run beside this one may be rewriting the checked copy they stat
             report = _scan(run, remote=False)
             if report is None or len(report.bad) == report.samples:
                 return None
             prepared = Prepared(report, _good_source(run, report))
             held_report = _hold_out(run, report, prepared) if validating(run) else None
-        proc = str(processor_dir(run))
-        train, _ = rows.source_lengths(run, report, prepared.hf_source, proc)
-        held = rows.source_lengths(run, held_report or report, prepared.validation, proc)[0] \
-            if prepared.validation else []
+            train, _ = rows.source_lengths(run, report, prepared.hf_source, proc)
+            held = rows.source_lengths(run, held_report or report, prepared.validation, proc)[0] \
+                if prepared.validation else []
     except (OSError, ValueError):  # a BadSample too: the data stage says what is wrong with the data
         return None
     return rows.Lengths(tuple(train), tuple(held))
