@@ -41,6 +41,11 @@ def stage(module: str) -> int | None:
     return STAGES.index(parts[1]) if len(parts) > 1 and parts[1] in STAGES else None
 
 
+def wiring(module: str) -> bool:
+    """A wiring module or anything in it (`vlmtrain.worker.loaded`): matched by dotted prefix, not by name."""
+    return any(module == w or module.startswith(f"{w}.") for w in WIRING)
+
+
 def violations(source: str, module: str, is_package: bool = False) -> list[str]:
     """Every import in `source` (the text of `module`) of a later stage or of a wiring module."""
     own = stage(module)
@@ -49,7 +54,7 @@ def violations(source: str, module: str, is_package: bool = False) -> list[str]:
     out = []
     for line, target in imports(source, module, is_package):
         to = stage(target)
-        if target in WIRING or (to is not None and to > own):
+        if wiring(target) or (to is not None and to > own):
             where = STAGES[to] if to is not None else "wiring"
             out.append(f"{module}:{line} imports {target} ({where} comes after {STAGES[own]})")
     return out
@@ -85,7 +90,10 @@ def test_the_sweeper_imports_only_config_check_and_launch() -> None:
     ("vlmtrain.config", "from . import compose\nfrom ..check import memory\n", "vlmtrain.check.memory"),
     ("vlmtrain.config.compose", "import vlmtrain.data.scan\n", "vlmtrain.data.scan"),
     ("vlmtrain.launch.local", "from vlmtrain import worker\n", "vlmtrain.worker"),
-], ids=["top level", "in a function", "type checking", "relative", "relative in a package", "import", "wiring"])
+    ("vlmtrain.train.hf_export", "def rank_main():\n    from vlmtrain.worker import loaded\n",
+     "vlmtrain.worker.loaded"),
+], ids=["top level", "in a function", "type checking", "relative", "relative in a package", "import", "wiring",
+        "from wiring"])
 def test_a_planted_violation_is_reported(module: str, source: str, reported: str) -> None:
     found = violations(source, module, is_package=module == "vlmtrain.config")
     assert len(found) == 1 and f" imports {reported} " in found[0], found
