@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from vlmtrain.config.compose import CONF_DIR
 from vlmtrain.config.resolve import resolve
-from vlmtrain.lab import spec
+from vlmtrain.lab import cases, spec
 from vlmtrain.lab.tune import space
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -163,7 +163,7 @@ def test_space_reaches_every_shipped_preset(preset: str) -> None:
         samples = round(samples * target["data.packing"] / s.get("packed_rows")["tokens_per_sample"])
     s.base = [*s.base, *given, f"train.global_batch_size={samples}"]
     space.fill_defaults(s, gpus)
-    run, res = space.placed_resolved(s.base, gpus)
+    run, res = cases.placed_resolved(s.base, gpus)
     parent, path = s.defaults, []
     for stage in s.stages:
         grids = space.stage_values(stage, run, res.layout.world_size, res.layout.gpus_per_node)

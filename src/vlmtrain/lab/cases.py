@@ -16,12 +16,16 @@ import argparse
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vlmtrain.config.world import local_gpus
 from vlmtrain.lab import runner, store
 from vlmtrain.lab.runner import ROOT
 from vlmtrain.observe import run_summary
+
+if TYPE_CHECKING:
+    from vlmtrain.config.resolve import Resolved
+    from vlmtrain.config.schema import RunConfig
 
 TINY = ["model=tiny"]
 L4_30B = ["model=qwen3_vl_30b_a3b", "model.num_layers=4"]
@@ -137,6 +141,18 @@ SUITES: dict[str, list[Case]] = {
 def overrides(case: Case, dry_run: bool = False) -> list[str]:
     """Everything after `python train.py` but the run directory: the case's full configuration, as recorded."""
     return [*case.overrides, f"gpus_per_node={case.gpus}", f"dry_run={str(dry_run).lower()}", "wandb.enabled=false"]
+
+
+def placed_resolved(overrides: list[str], node_gpus: int = 0, **compose_kw: str) -> tuple[RunConfig, Resolved]:
+    """The run `python train.py <overrides>` trains, composed in this process, placed on its world with its `auto`
+    options settled there, and resolved (check.defaults.placed): the one Resolved every lab path that builds,
+    estimates or launches a run in process hands down. `node_gpus`: this node's GPUs (0: the world the run declares
+    in `gpus_per_node`)."""
+    from vlmtrain.check import defaults
+    from vlmtrain.config.compose import compose
+
+    run = compose(overrides, **compose_kw)
+    return run, defaults.placed(run, node_gpus)[1]
 
 
 def command(case: Case, run_dir: Path, dry_run: bool = False) -> list[str]:

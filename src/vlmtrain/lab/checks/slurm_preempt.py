@@ -84,13 +84,10 @@ sends the signal itself)."""
 
 def checkpoint_gib(case: Case) -> float:
     """What one checkpoint of the case holds: BF16 weights + Adam's FP32 state (the memory estimate's params and
-    optimizer, world size 1)."""
+    optimizer, world size 1) of the run as train.py places it."""
     from vlmtrain.check.memory.estimate import estimate
-    from vlmtrain.config.compose import compose
-    from vlmtrain.config.resolve import resolve
 
-    run = compose(overrides(case, None))
-    b = estimate(run, resolve(run))
+    b = estimate(*cases.placed_resolved(overrides(case, None)))
     return b.params + b.optimizer
 
 

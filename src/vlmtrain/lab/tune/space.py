@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from vlmtrain.lab.cases import Case
+from vlmtrain.lab.cases import Case, placed_resolved
 from vlmtrain.lab.spec import Spec, Stage
 
 if TYPE_CHECKING:
@@ -119,15 +119,6 @@ def candidates(spec: Spec, parents: list[dict[str, Any]], grids: list[dict[str, 
                 case = spec.case({**parent, **dict(zip(varied, combo, strict=True))})
                 seen.setdefault(case.name, Candidate(case, i))
     return list(seen.values())
-
-
-def placed_resolved(overrides: list[str], node_gpus: int) -> tuple[RunConfig, Resolved]:
-    """The run as train.py composes it, placed on the world it will run on and resolved (check.defaults.placed)."""
-    from vlmtrain.check import defaults
-    from vlmtrain.config.compose import compose
-
-    run = compose(overrides)
-    return run, defaults.placed(run, node_gpus)[1]
 
 
 def placed(overrides: list[str], node_gpus: int) -> RunConfig:
