@@ -37,8 +37,8 @@ if TYPE_CHECKING:
     from vlmtrain.config.schema import RunConfig
 
 PACK_ROWS = 3
-"""Auto packing's largest capacity, in train.seq_length samples: 12288 at seq 4096, the capacity the H1 tune and the
-2 x H200 sweep measured fastest (experiment=tune_h1, perf_h200x2_best)."""
+"""Auto packing's largest capacity, in train.seq_length samples: 12288 at seq 4096, the capacity the one-H200 tune and
+the 2 x H200 sweep of Qwen3-VL-30B-A3B's shapes measured fastest (experiment=tune_h1, perf_h200x2_best)."""
 PACK_STEP = 256
 """Auto packing steps its capacity down by this many tokens until the memory estimate fits with headroom and a row
 holds at most one GPU's share of a step."""
@@ -165,8 +165,9 @@ def _layout(run: RunConfig) -> list[Auto]:
         return []
     if run.nodes * world.gpus_per_node(run) == 1:
         run.parallelism.kind = ParKind.three_d
-        return [Auto("parallelism", "3d", "one GPU: 3D (EP 1) ran 1.16x Megatron-FSDP's useful tokens/s at H1 "
-                     "(results/tune_h200/report.md, layout stage)")]
+        return [Auto("parallelism", "3d", "one GPU: 3D (EP 1) ran 1.16x Megatron-FSDP's useful tokens/s, measured on "
+                     "one H200 with Qwen3-VL-30B-A3B's shapes at 4 layers (results/tune_h200/report.md, layout "
+                     "stage)")]
     run.parallelism.kind = ParKind.fsdp
     return [Auto("parallelism", "fsdp", "more than one GPU: Megatron-FSDP, the guidance's first layout "
                  "(docs/design.md, FSDP first); parallelism=3d is one override away")]
@@ -178,8 +179,8 @@ def packing_off(run: RunConfig) -> str | None:
     if _unplaceable(run):
         return "the layout needs more GPUs than the world has (preflight says which)"
     if m.family == Family.qwen35_vl and not QWEN35_PACKING_PROVEN:
-        return ("Qwen3.5 packing is not yet proven equal to per-sample training on a GPU (issue 48: "
-                "check.preflight.packing.QWEN35_PACKING_PROVEN)")
+        return ("Qwen3.5 packing is not yet proven equal to per-sample training on a GPU (vlmtrain lab "
+                "packing-equivalence; check.preflight.packing.QWEN35_PACKING_PROVEN)")
     if hw.sm_major != SM90:
         return (f"packing was proven equal on H200 (SM90) only (vlmtrain.lab.checks.packing_equivalence), not "
                 f"hardware={hw.name}")

@@ -1,5 +1,5 @@
-"""The peer of benchmarks H1 (issue 23) and H2 (issue 48): Megatron Bridge's own full-training recipe for the
-benchmark's model (vlmtrain.lab.bridge_benchmarks: the recipe, vlmtrain's description, the changes), run through
+"""The peer of benchmarks H1 and H2 (vlmtrain.lab.cases defines them): Megatron Bridge's own full-training recipe
+for the benchmark's model (vlmtrain.lab.bridge_benchmarks: the recipe, vlmtrain's description, the changes), run through
 Bridge's own pretrain() and Bridge's Qwen-VL forward step (`qwen3_vl_step`, the step that does the recipes' deferred
 in-batch packing): what a Bridge user runs without vlmtrain, changed only where one GPU, the benchmark and this
 offline machine force it. Every change is in the benchmark's `all_changes()` and in each row's `changes`.

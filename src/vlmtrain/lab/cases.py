@@ -8,6 +8,12 @@ repeats and medians are specs of `vlmtrain sweep`: conf/tune/perf_h200.yaml hold
 Cases that fit on fewer GPUs than the node has run side by side (CUDA_VISIBLE_DEVICES slots). Each case is a
 plain `python train.py <overrides>` run (vlmtrain.lab.runner); its metrics.jsonl / checks.json are summarized by
 vlmtrain.observe.run_summary.
+
+The lab's two one-GPU benchmarks, by the names its cases, rows and docstrings use (conf/tune/perf_h200.yaml runs them):
+- H1: one H200 training Qwen3-VL-30B-A3B's layer shapes at 4 decoder layers (L4_30B) with the full 27-layer ViT,
+  vision and decoder trainable, data=realistic, train.seq_length=4096, BF16 (its fastest configuration ships as
+  experiment=perf_h200_best);
+- H2: the same for Qwen3.5-VL-35B-A3B (L4_35).
 """
 
 from __future__ import annotations
@@ -32,7 +38,8 @@ L4_30B = ["model=qwen3_vl_30b_a3b", "model.num_layers=4"]
 """Qwen3-VL-30B-A3B's layer shapes at 4 decoder layers: the fewest that hold its 3 deepstack layers."""
 SHAPE_30B = [*L4_30B, "data=realistic"]
 L4_35 = ["model=qwen35_vl_35b_a3b", "model.num_layers=4"]
-"""Qwen3.5-VL-35B-A3B's layer shapes at 4 decoder layers (H2): one 3:1 block of Gated DeltaNet and attention."""
+"""Qwen3.5-VL-35B-A3B's layer shapes at 4 decoder layers (benchmark H2's): one 3:1 block of Gated DeltaNet and
+attention."""
 SHAPE_35 = [*L4_35, "data=realistic"]
 L2_35 = ["model=qwen35_vl_35b_a3b", "model.num_layers=2", "model.linear_attention.full_attention_interval=2"]
 """H2's layer shapes at 2 decoder layers, one Gated DeltaNet and one full attention: both mixers at the real shapes

@@ -25,7 +25,7 @@ resolved env vars (`Resolved.env`, exported by the launcher before torch is impo
 `rope`, `vit_positions`, `pin_visual_inputs`, `vit_host_grid`, `mask_grid_only`, `vit_attention_head_dim`,
 `wgrad_fusion` and `expert_wgrad` replace Bridge / Megatron / TE code paths that profiles found slow
 (vlmtrain.train.bridge_patches says what each does and installs them in each training process, whose loader workers
-inherit them); `vit_host_grid` is not in `fast` (docs/measurements.md, "Host syncs at H1"); `mask_grid_only` builds
+inherit them); `vit_host_grid` is not in `fast` (docs/measurements.md: the ViT's host syncs); `mask_grid_only` builds
 the same rows with less loader CPU (results/collate_cpu.jsonl). `vit_attention_head_dim` (null: the model's) is a
 head dim to run the ViT's attention at, zero-padded from the model's: exact, and worth it where the attention kernel
 is faster at that dim (vlmtrain.lab.micro.vit_attention measures each). No option sets it: the best dim depends on the

@@ -1,6 +1,6 @@
-"""Issue 25 item 1: a real training job through `python train.py -m hydra/launcher=slurm` on a real Slurm with the
-real GPU as gres (scripts/device/slurm_start.sh), preempted mid-run and resumed; this module's command appends the
-row to results/reliability.jsonl, tests/gpu/test_slurm_preempt_gpu.py asserts the same.
+"""Preemption under Slurm: a real training job through `python train.py -m hydra/launcher=slurm` on a real Slurm
+with the real GPU as gres (scripts/device/slurm_start.sh), preempted mid-run and resumed; this module's command
+appends the row to results/reliability.jsonl, tests/gpu/test_slurm_preempt_gpu.py asserts the same.
 
     bash scripts/device/slurm_start.sh && export PATH=/tmp/slurm-root/bin:$PATH
     vlmtrain lab slurm-preempt --case tiny            # the plumbing, ~2 min
