@@ -47,23 +47,11 @@ def stop_with_record(run: RunConfig, error: BaseException, callback: MetricsCall
     raise SystemExit(failure.EXIT[rec["kind"]]) from error
 
 
-def loaded(path: str) -> tuple[RunConfig, Resolved]:
-    """What every rank entry starts from: the saved run config at `path` and the run.json the launcher saved next
-    to it (a missing one is named, not read as defaults)."""
-    from pathlib import Path
-
-    from vlmtrain.config import resolve
-    from vlmtrain.config.compose import load_run
-
-    res = resolve.load(Path(path).parent)
-    if res is None:
-        raise FileNotFoundError(f"{Path(path).parent / resolve.RUN_JSON}: the launcher saves it next to {path}")
-    return load_run(path), res
-
-
 def main(path: str) -> None:
     """A torchrun rank: train the saved run."""
-    train(*loaded(path))
+    from vlmtrain.launch import local
+
+    train(*local.loaded(path))
 
 
 if __name__ == "__main__":

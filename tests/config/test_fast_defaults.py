@@ -143,7 +143,7 @@ def test_more_gpus_keep_fsdp_and_say_what_it_leaves_off(bridge, tmp_path):
 def test_qwen35_gets_the_fast_kernels_and_no_packing(bridge, tmp_path):
     run, res = placed("model=tiny_qwen35", "gpus_per_node=1", tmp=str(tmp_path))
     off = left_off(run, res)
-    assert res.packing_capacity is None and "issue 48" in off["packing"]
+    assert res.packing_capacity is None and "QWEN35_PACKING_PROVEN" in off["packing"]
     assert run.kernels.rope == "te" and run.kernels.moe_grouped_gemm == "cutlass"
     assert {"kernels.vit_host_grid", "kernels.wgrad_fusion"} <= set(off)
     assert not preflight.errors(preflight.check(run, res))

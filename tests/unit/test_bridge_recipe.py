@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from vlmtrain.config.resolve import resolve
 from vlmtrain.lab import bridge_recipe
 from vlmtrain.lab.bridge_benchmarks import H1, LAYERS
 
@@ -19,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Any]:
     out = tmp_path_factory.mktemp("bridge-recipe")
-    shipped = bridge_recipe.shipped(H1, bridge_recipe.bench_run(H1, out / "shipped"))
+    shipped = bridge_recipe.shipped(H1, *bridge_recipe.bench_run(H1, out / "shipped"))
     return bridge_recipe.dry_run(H1, out / "dry-run"), shipped  # what `--benchmark h1 --dry-run` runs
 
 
@@ -65,13 +64,13 @@ def test_the_peer_counts_bridge_s_own_micro_batches(tmp_path: Path) -> None:
     from vlmtrain.observe import flops
     from vlmtrain.train.step_counters import StepCounters
 
-    run = bridge_recipe.bench_run(H1, tmp_path / "run")
-    cfg = bridge_recipe.recipe_config(H1, run)
-    target.finalize(run, resolve(run), cfg)
+    run, res = bridge_recipe.bench_run(H1, tmp_path / "run")
+    cfg = bridge_recipe.recipe_config(H1, run, res)
+    target.finalize(run, res, cfg)
     train, valid, test = direct_hf_sft_train_valid_test_datasets_provider([4, 0, 0], cfg.dataset)
     assert valid is None and test is None
     batch = train.collate_fn([train[0], train[1]])
-    counters = StepCounters(run, resolve(run), nullcontext)
+    counters = StepCounters(run, res, nullcontext)
     counters.image_token_id = cfg.model.image_token_id
     counters.count(batch)
     t, lengths = counters.totals, batch["attention_mask"].sum(dim=1).tolist()

@@ -16,7 +16,7 @@ from vlmtrain.lab.bridge_benchmarks import H2, LAYERS
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Any]:
     out = tmp_path_factory.mktemp("bridge-recipe-h2")
-    shipped = bridge_recipe.shipped(H2, bridge_recipe.bench_run(H2, out / "shipped"))
+    shipped = bridge_recipe.shipped(H2, *bridge_recipe.bench_run(H2, out / "shipped"))
     return bridge_recipe.dry_run(H2, out / "dry-run"), shipped  # what `--benchmark h2 --dry-run` runs
 
 

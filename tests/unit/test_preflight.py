@@ -14,7 +14,7 @@ HALF = ["data.validation_fraction=0.5"]
 ENERGON_VAL = ["data=energon", "data.path=/nonexistent/energon", "data.validation=val", "train.eval_interval=5"]
 # rule -> (overrides that trip it, overrides that pass it)
 CASES: dict[str, tuple[list[str], list[str]]] = {
-    "auto_left_off": (  # info: Qwen3.5 is not packed by default (issue 48); Qwen3-VL on one H200 lacks nothing
+    "auto_left_off": (  # info: Qwen3.5 is not packed by default (unproven); Qwen3-VL on one H200 lacks nothing
         ["model=tiny_qwen35", "gpus_per_node=1", "dry_run=true"],
         ["model=qwen3_vl_30b_a3b", "model.num_layers=4", "data=realistic", "gpus_per_node=1", "dry_run=true"],
     ),

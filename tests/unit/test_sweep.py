@@ -127,7 +127,6 @@ def test_best_case_ships_as_the_preset(bridge: object, tmp_path: Path) -> None:
 
     from vlmtrain.build import container
     from vlmtrain.config import redact
-    from vlmtrain.config.groups import hardware
     from vlmtrain.train import bridge_patches
 
     case = sweep.as_run_case(PERF, BEST, ITERATIONS)
@@ -136,7 +135,7 @@ def test_best_case_ships_as_the_preset(bridge: object, tmp_path: Path) -> None:
     ran = compose(run_cases.overrides(case, dry_run=True), output_dir=str(tmp_path))
     assert preset.choices.pop("experiment") == "perf_h200x2_best" and preset.choices.pop("kernels") == "fast"
     assert ran.choices.pop("kernels") == "default"
-    assert hardware.runtime_env(preset) == hardware.runtime_env(ran)
+    assert resolve(preset).env_vars == resolve(ran).env_vars
     # Bridge's own serialization of both containers. transformers fills model_type / transformers_version of the HF
     # sub-configs on first use in a process, so only the second build has them: they are not settings
     texts = []

@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from vlmtrain.config.compose import CONF_DIR
 from vlmtrain.config.resolve import resolve
-from vlmtrain.lab import spec
+from vlmtrain.lab import cases, spec
 from vlmtrain.lab.tune import space
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -163,7 +163,7 @@ def test_space_reaches_every_shipped_preset(preset: str) -> None:
         samples = round(samples * target["data.packing"] / s.get("packed_rows")["tokens_per_sample"])
     s.base = [*s.base, *given, f"train.global_batch_size={samples}"]
     space.fill_defaults(s, gpus)
-    run, res = space.placed_resolved(s.base, gpus)
+    run, res = cases.placed_resolved(s.base, gpus)
     parent, path = s.defaults, []
     for stage in s.stages:
         grids = space.stage_values(stage, run, res.layout.world_size, res.layout.gpus_per_node)
@@ -183,9 +183,9 @@ def test_a_candidate_is_composed_once_and_placed_afresh() -> None:
     """A search checks a candidate again in later stages: Hydra composes it once per process, and each check places
     its own copy (placing settles the `auto` options in place; the cached run stays as composed)."""
     overrides = ["model=tiny", "data=realistic", "train.iterations=13"]
-    run, res = space.placed_resolved(overrides, 1)
-    hits = space._composed.cache_info().hits
-    again, res_again = space.placed_resolved(overrides, 1)
-    assert space._composed.cache_info().hits == hits + 1
+    run, res = cases.placed_resolved(overrides, 1)
+    hits = cases._composed.cache_info().hits
+    again, res_again = cases.placed_resolved(overrides, 1)
+    assert cases._composed.cache_info().hits == hits + 1
     assert again is not run and res_again == res and res.auto  # the second check settled the options itself
-    assert space._composed(tuple(overrides)).parallelism.kind == "auto"
+    assert cases._composed(tuple(overrides)).parallelism.kind == "auto"

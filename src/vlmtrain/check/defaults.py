@@ -1,8 +1,8 @@
 """Fast defaults: the `auto` options settled for the world a run is placed on, before preflight.
 
 A user who names only the model, data, hardware and world gets every replacement proven equal for that model
-and hardware: the layout measured fastest for the world size, the kernels group's (config.groups.kernels.settle)
-and packing (here, in check/, because it needs the memory estimate, the packing proofs and the data's lengths).
+and hardware: the layout measured fastest for the world size, the kernels group's replacements and packing, all
+settled here, in check/ (packing needs the memory estimate, the packing proofs and the data's lengths).
 Packing keeps what the command trains: train.global_batch_size counts samples unless data.packing is set, so auto
 packing turns it into the rows that carry about as many (a row holds at most one GPU's share of a step, and the
 data must fill more rows than a step and an evaluation batch take). Every choice keeps the headroom preflight warns
@@ -18,11 +18,15 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING
 
+from omegaconf import OmegaConf
+
 from vlmtrain.check import memory
 from vlmtrain.check.preflight.packing import QWEN35_PACKING_PROVEN, unscanned
-from vlmtrain.config import world
-from vlmtrain.config.groups import kernels, precision
+from vlmtrain.config import architecture, world
+from vlmtrain.config.compose import CONF_DIR
+from vlmtrain.config.groups import precision
 from vlmtrain.config.groups.data import AUTO, validating
+from vlmtrain.config.groups.kernels import KernelsConfig
 from vlmtrain.config.groups.model import Family
 from vlmtrain.config.groups.parallelism import Kind as ParKind
 from vlmtrain.config.groups.parallelism import is_fsdp
@@ -33,11 +37,18 @@ if TYPE_CHECKING:
     from vlmtrain.config.schema import RunConfig
 
 PACK_ROWS = 3
-"""Auto packing's largest capacity, in train.seq_length samples: 12288 at seq 4096, the capacity the H1 tune and the
-2 x H200 sweep measured fastest (experiment=tune_h1, perf_h200x2_best)."""
+"""Auto packing's largest capacity, in train.seq_length samples: 12288 at seq 4096, the capacity the one-H200 tune and
+the 2 x H200 sweep of Qwen3-VL-30B-A3B's shapes measured fastest (experiment=tune_h1, perf_h200x2_best)."""
 PACK_STEP = 256
 """Auto packing steps its capacity down by this many tokens until the memory estimate fits with headroom and a row
 holds at most one GPU's share of a step."""
+SM90 = 9
+"""The compute capability every kernels measurement ran on (H100/H200: docs/measurements.md)."""
+ANY_GPU = frozenset({"rope", "vit_positions", "pin_visual_inputs", "mask_grid_only"})
+"""kernels=fast fields exact on any GPU (tested beside Bridge's code on CPU, or the loader's host work): on off SM90
+too."""
+VIT_PAD = {72: 128}
+"""ViT head dim -> the padded dim measured faster on SM90 (cuDNN at 128: vlmtrain.lab.micro.vit_attention)."""
 
 
 def placed(run: RunConfig, node_gpus: int, slurm_tasks_per_node: int | None = None) -> tuple[world.Placement, Resolved]:
@@ -53,7 +64,7 @@ def settle(run: RunConfig) -> Resolved:
     the kernels: the ViT's padded heads cost memory the packing capacity must leave room for), then resolved, with
     what was settled in `Resolved.auto`."""
     picks = _layout(run)
-    picks = _fitted(run, picks + kernels.settle(run, three_d=not is_fsdp(run)))
+    picks = _fitted(run, picks + _kernels(run, three_d=not is_fsdp(run)))
     return dataclasses.replace(resolve(run), auto=tuple(picks))
 
 
@@ -107,14 +118,56 @@ def _unpadded_vit_heads(run: RunConfig, picks: list[Auto]) -> Auto | None:
                 "(TE keeps the padded tensors)")
 
 
+def _kernels(run: RunConfig, three_d: bool) -> list[Auto]:
+    """kernels=auto settled for the model family and hardware, in place (a no-op once settled): each replacement
+    is turned on where runs here proved it (the `fast` option's fields on SM90, those exact on any GPU elsewhere;
+    experiment=perf_h200_best's three for Qwen3-VL on SM90), a field not at its `default` value is kept as set,
+    and each replacement left off is recorded with why. `three_d`: parallelism=3d (weight-gradient fusion ran
+    there only)."""
+    k, base = run.kernels, KernelsConfig()
+    if not k.auto:
+        return []
+    k.auto = False
+    fast = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(KernelsConfig),
+                                               OmegaConf.load(CONF_DIR / "kernels" / "fast.yaml")))
+    hw = run.hardware
+    sm90, on = hw.sm_major == SM90, f"hardware={hw.name} (SM {hw.sm_major}.{hw.sm_minor})"
+    wanted: dict[str, tuple[object, str | None]] = {
+        name: (getattr(fast, name), None if sm90 or name in ANY_GPU else f"measured on SM90 (H100/H200) only, not {on}")
+        for name in vars(base) if name != "auto" and getattr(fast, name) != getattr(base, name)}
+    if "moe_grouped_gemm" in wanted and not sm90:
+        wanted["moe_grouped_gemm"] = (fast.moe_grouped_gemm, f"the CUTLASS grouped GEMM is SM90-only, not {on}")
+    preset = None if sm90 and run.model.family == Family.qwen3_vl else (
+        f"measured with Qwen3-VL on SM90 only (experiment=perf_h200_best), not model={run.model.name} on {on}")
+    own = architecture.vit_head_dim(run.model)
+    wanted["vit_attention_head_dim"] = (VIT_PAD.get(own), preset or (
+        None if own in VIT_PAD else f"padding the ViT's {own}-channel heads was measured faster only from "
+        f"{', '.join(map(str, VIT_PAD))} (vlmtrain.lab.micro.vit_attention)"))
+    wanted["vit_host_grid"] = (True, preset)
+    wanted["wgrad_fusion"] = (True, preset or (None if three_d else "parallelism=fsdp: Megatron-FSDP's fused weight "
+                                               "gradients were never run here (preflight: wgrad_fusion_under_fsdp)"))
+    out = []
+    for name, (value, why_not) in wanted.items():
+        if getattr(k, name) != getattr(base, name):
+            continue  # set explicitly: kept
+        if why_not:
+            out.append(Auto(f"kernels.{name}", "off", why_not))
+            continue
+        setattr(k, name, value)
+        out.append(Auto(f"kernels.{name}", str(value).lower() if isinstance(value, bool) else str(value),
+                        f"proven for model={run.model.name} on {on} (docs/measurements.md)"))
+    return out
+
+
 def _layout(run: RunConfig) -> list[Auto]:
     """parallelism=auto settled for the world size: 3d on one GPU (EP 1, the only degree there), else fsdp."""
     if run.parallelism.kind != ParKind.auto:
         return []
     if run.nodes * world.gpus_per_node(run) == 1:
         run.parallelism.kind = ParKind.three_d
-        return [Auto("parallelism", "3d", "one GPU: 3D (EP 1) ran 1.16x Megatron-FSDP's useful tokens/s at H1 "
-                     "(results/tune_h200/report.md, layout stage)")]
+        return [Auto("parallelism", "3d", "one GPU: 3D (EP 1) ran 1.16x Megatron-FSDP's useful tokens/s, measured on "
+                     "one H200 with Qwen3-VL-30B-A3B's shapes at 4 layers (results/tune_h200/report.md, layout "
+                     "stage)")]
     run.parallelism.kind = ParKind.fsdp
     return [Auto("parallelism", "fsdp", "more than one GPU: Megatron-FSDP, the guidance's first layout "
                  "(docs/design.md, FSDP first); parallelism=3d is one override away")]
@@ -126,9 +179,9 @@ def packing_off(run: RunConfig) -> str | None:
     if _unplaceable(run):
         return "the layout needs more GPUs than the world has (preflight says which)"
     if m.family == Family.qwen35_vl and not QWEN35_PACKING_PROVEN:
-        return ("Qwen3.5 packing is not yet proven equal to per-sample training on a GPU (issue 48: "
-                "check.preflight.packing.QWEN35_PACKING_PROVEN)")
-    if hw.sm_major != kernels.SM90:
+        return ("Qwen3.5 packing is not yet proven equal to per-sample training on a GPU (vlmtrain lab "
+                "packing-equivalence; check.preflight.packing.QWEN35_PACKING_PROVEN)")
+    if hw.sm_major != SM90:
         return (f"packing was proven equal on H200 (SM90) only (vlmtrain.lab.checks.packing_equivalence), not "
                 f"hardware={hw.name}")
     if precision.quantized(run):

@@ -2,6 +2,9 @@
 them (config.groups.model.hf_config), and the memory estimate (check.memory) and the FLOP count (observe.flops)
 do their arithmetic on them.
 
+- Families: Qwen3-VL and Qwen3.5 (`Family`), and Qwen3.5's Gated-DeltaNet shape (`LinearAttentionConfig`, the
+  model group's `model.linear_attention`), declared here so that this module reads nothing of the model group at
+  run time (the model group imports it).
 - Vision: 16x16 px patches over 2 frames (a still image is repeated), 3 channels; a 2x2 spatial merge turns 4
   patches into one LLM token (32x32 px); a learned table of 2304 ViT positions.
 - Decoder layer pattern: Qwen3-VL layers are all full (softmax) attention; Qwen3.5 layers are Gated-DeltaNet
@@ -14,10 +17,12 @@ do their arithmetic on them.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from enum import StrEnum
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
-    from vlmtrain.config.groups.model import LinearAttentionConfig, ModelConfig
+    from vlmtrain.config.groups.model import ModelConfig
 
 PATCH_SIZE = 16
 """ViT patch side in pixels."""
@@ -37,6 +42,25 @@ QWEN35_PARTIAL_ROTARY_FACTOR = 0.25
 """Qwen3.5 rotates a quarter of head_dim (its mRoPE section sums to head_dim * 0.25 / 2)."""
 
 
+class Family(StrEnum):
+    """The model families vlmtrain builds (the model group's `family`)."""
+
+    qwen3_vl = "qwen3_vl"
+    qwen35_vl = "qwen35_vl"
+
+
+@dataclass
+class LinearAttentionConfig:
+    """Gated-DeltaNet layers of Qwen3.5 (every `full_attention_interval`-th layer is full attention): the model
+    group's `model.linear_attention`, its defaults the published shape."""
+
+    full_attention_interval: int = 4
+    key_head_dim: int = 128
+    value_head_dim: int = 128
+    num_key_heads: int = 16
+    num_value_heads: int = 32
+
+
 def vit_head_dim(m: ModelConfig) -> int:
     """Channels per ViT attention head (Qwen3-VL-30B-A3B / 235B-A22B: 1152 / 16 = 72)."""
     return m.vit.hidden_size // m.vit.num_heads
@@ -46,10 +70,7 @@ LayerType = Literal["linear_attention", "full_attention"]
 
 
 def linear_attention(m: ModelConfig) -> LinearAttentionConfig | None:
-    """The Gated-DeltaNet shape the model is built with: Qwen3.5 only, `model.linear_attention` or its defaults.
-    (The model group is imported here, not at the top: it imports config.tokens, which reads this module.)"""
-    from vlmtrain.config.groups.model import Family, LinearAttentionConfig
-
+    """The Gated-DeltaNet shape the model is built with: Qwen3.5 only, `model.linear_attention` or its defaults."""
     if m.family != Family.qwen35_vl:
         return None
     return m.linear_attention or LinearAttentionConfig()
@@ -73,8 +94,6 @@ def layer_types(m: ModelConfig) -> list[LayerType]:
 
 def has_output_gate(m: ModelConfig) -> bool:
     """Qwen3.5's full attention gates its output with a sigmoid of a Q-wide projection of the input."""
-    from vlmtrain.config.groups.model import Family
-
     return m.family == Family.qwen35_vl
 
 

@@ -33,11 +33,9 @@ def build_cfg(run: RunConfig, res: Resolved) -> ConfigContainer:
 
 
 def main(argv: list[str]) -> int:
-    from vlmtrain.config.compose import load_run  # the run config exactly as vlmtrain.worker loads it on every rank
-    from vlmtrain.config.resolve import resolve
+    from vlmtrain.launch import local
 
-    run = load_run(argv[0])
-    res = resolve(run)
+    run, res = local.loaded(argv[0])  # the run config and run.json exactly as vlmtrain.worker loads them on every rank
     cfg = build_cfg(run, res)
     if "--dry-run" in argv[1:]:
         from vlmtrain.build import target

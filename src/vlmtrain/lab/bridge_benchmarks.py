@@ -79,7 +79,7 @@ H1 = Benchmark(
                 "train.micro_batch_size=2", "train.global_batch_size=32", "dispatcher=alltoall", "vision=trainable",
                 "wandb.enabled=false"]),
     hub_layers=48, ep=8, changes=())
-"""Issue 23: Qwen3-VL-30B-A3B's recipe (every tower trainable, MBS 2, GBS 32, alltoall, in-batch packing deferred to
+"""H1's peer: Qwen3-VL-30B-A3B's recipe (every tower trainable, MBS 2, GBS 32, alltoall, in-batch packing deferred to
 its step)."""
 
 H2 = Benchmark(
@@ -91,7 +91,7 @@ H2 = Benchmark(
     hub_layers=40, ep=2,
     changes=(("model.mtp_num_layers", "1 -> none (benchmark H2 is the 4 decoder layers: vlmtrain's model and FLOP "
                                       "count have no MTP layer, so both sides do the same work)"),))
-"""Issue 48: Qwen3.5-VL-35B-A3B's Megatron-FSDP recipe (every tower trainable, MBS 4, GBS 32, alltoall, full
+"""H2's peer: Qwen3.5-VL-35B-A3B's Megatron-FSDP recipe (every tower trainable, MBS 4, GBS 32, alltoall, full
 recompute, in-batch packing deferred to its step); 4 layers keep the published 3 Gated DeltaNet + 1 full attention
 (the provider's linear_attention_freq 4)."""
 

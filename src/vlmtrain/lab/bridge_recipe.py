@@ -1,5 +1,5 @@
-"""The peer of benchmarks H1 (issue 23) and H2 (issue 48): Megatron Bridge's own full-training recipe for the
-benchmark's model (vlmtrain.lab.bridge_benchmarks: the recipe, vlmtrain's description, the changes), run through
+"""The peer of benchmarks H1 and H2 (vlmtrain.lab.cases defines them): Megatron Bridge's own full-training recipe
+for the benchmark's model (vlmtrain.lab.bridge_benchmarks: the recipe, vlmtrain's description, the changes), run through
 Bridge's own pretrain() and Bridge's Qwen-VL forward step (`qwen3_vl_step`, the step that does the recipes' deferred
 in-batch packing): what a Bridge user runs without vlmtrain, changed only where one GPU, the benchmark and this
 offline machine force it. Every change is in the benchmark's `all_changes()` and in each row's `changes`.
@@ -22,9 +22,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vlmtrain.config.resolve import resolve
 from vlmtrain.lab import experiments, repeats, runner, store
 from vlmtrain.lab.bridge_benchmarks import BENCHMARKS, ITERATIONS, LAYERS, Benchmark
+from vlmtrain.lab.cases import placed_resolved
 from vlmtrain.lab.runner import ROOT
 from vlmtrain.observe import run_summary
 
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
     from megatron.bridge.training.config import ConfigContainer
 
+    from vlmtrain.config.resolve import Resolved
     from vlmtrain.config.schema import RunConfig
 
 BENCH_FLAG = "--benchmark"
@@ -40,11 +41,10 @@ ENTRY = experiments.command(__name__)
 """What each run's row names as its command."""
 
 
-def bench_run(bench: Benchmark, run_dir: Path) -> RunConfig:
-    """vlmtrain's description of the benchmark (its data, processor, FLOPs and peak), in `run_dir`."""
-    from vlmtrain.config.compose import compose
-
-    return compose(bench.run.overrides, output_dir=str(run_dir))
+def bench_run(bench: Benchmark, run_dir: Path) -> tuple[RunConfig, Resolved]:
+    """vlmtrain's description of the benchmark (its data, processor, FLOPs and peak), in `run_dir`, placed and
+    resolved as train.py would (the one Resolved each of this process's steps reads)."""
+    return placed_resolved(bench.run.overrides, output_dir=str(run_dir))
 
 
 @contextmanager
@@ -64,7 +64,7 @@ def offline_hub(module: Any, hf_config: Any) -> Iterator[None]:
         module.AutoBridge = bridge
 
 
-def shipped(bench: Benchmark, run: RunConfig) -> ConfigContainer:
+def shipped(bench: Benchmark, run: RunConfig, res: Resolved) -> ConfigContainer:
     """The recipe's ConfigContainer as Bridge ships it (its provider from the published config, offline)."""
     import importlib
 
@@ -80,22 +80,22 @@ def shipped(bench: Benchmark, run: RunConfig) -> ConfigContainer:
     published = compose([o for o in bench.run.overrides if not o.startswith("model.num_layers=")]).model
     hf = model.hf_config(published, vision_token_ids(prepare.processor_dir(run)))
     # the recipe reads GPU 0's properties (apply_flex_dispatcher_backend): a dry run presents the declared H200's
-    with offline_hub(recipes, hf), target.declared_target(run, resolve(run)):
+    with offline_hub(recipes, hf), target.declared_target(run, res):
         return getattr(recipes, function)()
 
 
-def recipe_config(bench: Benchmark, run: RunConfig) -> ConfigContainer:
+def recipe_config(bench: Benchmark, run: RunConfig, res: Resolved) -> ConfigContainer:
     """The recipe's ConfigContainer with the benchmark's changes applied, before Bridge's finalization."""
     from megatron.bridge.data.sources.hf import HFDatasetSourceConfig
 
     from vlmtrain.data import prepare
 
-    cfg = shipped(bench, run)
+    cfg = shipped(bench, run, res)
     bench.apply(cfg)
     cfg.model.expert_model_parallel_size = 1
     cfg.model.num_layers = LAYERS
     cfg.train.train_iters = ITERATIONS
-    cfg.dataset.source = HFDatasetSourceConfig(**prepare.prepare(run, resolve(run)).hf_source)
+    cfg.dataset.source = HFDatasetSourceConfig(**prepare.prepare(run, res).hf_source)
     cfg.dataset.hf_processor_path = str(prepare.processor_dir(run))
     cfg.dataset.do_validation = cfg.dataset.do_test = False
     cfg.checkpoint.save = cfg.checkpoint.load = None
@@ -127,9 +127,9 @@ def dry_run(bench: Benchmark, run_dir: Path) -> dict[str, Any]:
     """Build the recipe's container and validate it by Bridge's runtime_config_update for one H200, on any machine."""
     from vlmtrain.build import target
 
-    run = bench_run(bench, run_dir)
-    cfg = recipe_config(bench, run)
-    target.finalize(run, resolve(run), cfg)
+    run, res = bench_run(bench, run_dir)
+    cfg = recipe_config(bench, run, res)
+    target.finalize(run, res, cfg)
     out = facts(cfg)
     changes = bench.all_changes()
     print(f"[bridge-recipe] {bench.recipe}: built and validated by Bridge for 1 x H200\n" + json.dumps(out, indent=1)
@@ -151,8 +151,7 @@ def run_once(bench: Benchmark, i: int, machine_run: str, out: Path, results_path
     run_dir.mkdir(parents=True, exist_ok=True)
     from vlmtrain.data import prepare
 
-    run = bench_run(bench, run_dir)
-    prepare.prepare(run, resolve(run))  # compose and the data scan on CPU before the rank starts, as vlmtrain.flow does
+    prepare.prepare(*bench_run(bench, run_dir))  # the data scan on CPU before the rank starts, as vlmtrain.flow does
     print(f"[bridge-recipe] run {i + 1} ({machine_run}) in {run_dir}", flush=True)
     port = int(os.environ.get("MASTER_PORT") or runner.free_port())
     spawned = runner.spawn(command(bench, run_dir, port), run_dir, port=port)

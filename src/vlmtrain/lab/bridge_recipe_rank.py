@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 
 from megatron.bridge.training.callbacks import Callback
 
-from vlmtrain.config.resolve import resolve
 from vlmtrain.lab import bridge_recipe
 from vlmtrain.lab.bridge_benchmarks import BENCHMARKS, Benchmark
 from vlmtrain.observe import run_summary
@@ -63,10 +62,10 @@ def main(bench: Benchmark, run_dir: Path) -> int:
     from vlmtrain.train import trainer
     from vlmtrain.train.step_counters import StepCounters
 
-    run = bridge_recipe.bench_run(bench, run_dir)
-    cfg = bridge_recipe.recipe_config(bench, run)
+    run, res = bridge_recipe.bench_run(bench, run_dir)
+    cfg = bridge_recipe.recipe_config(bench, run, res)
     trainer.use_prebuilt_dataset_helpers()  # the core wheel ships the helpers built but no Makefile (STACK.md)
-    counters = StepCounters(run, resolve(run), nullcontext)
+    counters = StepCounters(run, res, nullcontext)
     pretrain(cfg, counters.wrap(forward_step), callbacks=[PeerMetrics(run, counters)])
     return 0
 

@@ -8,27 +8,40 @@ repeats and medians are specs of `vlmtrain sweep`: conf/tune/perf_h200.yaml hold
 Cases that fit on fewer GPUs than the node has run side by side (CUDA_VISIBLE_DEVICES slots). Each case is a
 plain `python train.py <overrides>` run (vlmtrain.lab.runner); its metrics.jsonl / checks.json are summarized by
 vlmtrain.observe.run_summary.
+
+The lab's two one-GPU benchmarks, by the names its cases, rows and docstrings use (conf/tune/perf_h200.yaml runs them):
+- H1: one H200 training Qwen3-VL-30B-A3B's layer shapes at 4 decoder layers (L4_30B) with the full 27-layer ViT,
+  vision and decoder trainable, data=realistic, train.seq_length=4096, BF16 (its fastest configuration ships as
+  experiment=perf_h200_best);
+- H2: the same for Qwen3.5-VL-35B-A3B (L4_35).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
+import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vlmtrain.config.world import local_gpus
 from vlmtrain.lab import runner, store
 from vlmtrain.lab.runner import ROOT
 from vlmtrain.observe import run_summary
 
+if TYPE_CHECKING:
+    from vlmtrain.config.resolve import Resolved
+    from vlmtrain.config.schema import RunConfig
+
 TINY = ["model=tiny"]
 L4_30B = ["model=qwen3_vl_30b_a3b", "model.num_layers=4"]
 """Qwen3-VL-30B-A3B's layer shapes at 4 decoder layers: the fewest that hold its 3 deepstack layers."""
 SHAPE_30B = [*L4_30B, "data=realistic"]
 L4_35 = ["model=qwen35_vl_35b_a3b", "model.num_layers=4"]
-"""Qwen3.5-VL-35B-A3B's layer shapes at 4 decoder layers (H2): one 3:1 block of Gated DeltaNet and attention."""
+"""Qwen3.5-VL-35B-A3B's layer shapes at 4 decoder layers (benchmark H2's): one 3:1 block of Gated DeltaNet and
+attention."""
 SHAPE_35 = [*L4_35, "data=realistic"]
 L2_35 = ["model=qwen35_vl_35b_a3b", "model.num_layers=2", "model.linear_attention.full_attention_interval=2"]
 """H2's layer shapes at 2 decoder layers, one Gated DeltaNet and one full attention: both mixers at the real shapes
@@ -137,6 +150,27 @@ SUITES: dict[str, list[Case]] = {
 def overrides(case: Case, dry_run: bool = False) -> list[str]:
     """Everything after `python train.py` but the run directory: the case's full configuration, as recorded."""
     return [*case.overrides, f"gpus_per_node={case.gpus}", f"dry_run={str(dry_run).lower()}", "wandb.enabled=false"]
+
+
+@functools.lru_cache(maxsize=1024)
+def _composed(overrides: tuple[str, ...], compose_kw: tuple[tuple[str, str], ...] = ()) -> RunConfig:
+    """Each run composed once per process (Hydra's composition is most of a check): a tune search checks the same
+    runs again in later stages, on resume and for its finalists."""
+    from vlmtrain.config.compose import compose
+
+    return compose(list(overrides), **dict(compose_kw))
+
+
+def placed_resolved(overrides: list[str], node_gpus: int = 0, **compose_kw: str) -> tuple[RunConfig, Resolved]:
+    """The run `python train.py <overrides>` trains, composed in this process, placed on its world with its `auto`
+    options settled there, and resolved (check.defaults.placed): the one Resolved every lab path that builds,
+    estimates or launches a run in process hands down. `node_gpus`: this node's GPUs (0: the world the run declares
+    in `gpus_per_node`)."""
+    from vlmtrain.check import defaults
+
+    # placing settles a run in place: each caller gets its own copy, the cached one stays as composed
+    run = copy.deepcopy(_composed(tuple(overrides), tuple(sorted(compose_kw.items()))))
+    return run, defaults.placed(run, node_gpus)[1]
 
 
 def command(case: Case, run_dir: Path, dry_run: bool = False) -> list[str]:

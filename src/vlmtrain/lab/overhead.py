@@ -16,6 +16,7 @@ import math
 import os
 import random
 import re
+import shutil
 import statistics
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -73,24 +74,27 @@ def direct_command(run_config: Path, gpus: int, port: str) -> list[str]:
 
 
 def direct_run_config(source: Path, run_dir: Path) -> Path:
-    """(a)'s saved run config with `output_dir` = (b)'s run dir, written there (secrets stay `${oc.env:...}`)."""
+    """(a)'s saved run config with `output_dir` = (b)'s run dir, written there (secrets stay `${oc.env:...}`), and
+    next to it (a)'s run.json, the values (a) resolved."""
     from omegaconf import OmegaConf
+
+    from vlmtrain.config.resolve import RUN_JSON
 
     tree = OmegaConf.load(source)
     tree.output_dir = str(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(tree, run_dir / "run_config.yaml")
+    shutil.copyfile(source.parent / RUN_JSON, run_dir / RUN_JSON)
     return run_dir / "run_config.yaml"
 
 
 def run_direct(source: Path, run_dir: Path, gpus: int) -> tuple[int, float]:
-    """(b) on (a)'s run config (direct_run_config), with the env vlmtrain.launch.local gives its ranks (hardware
-    group's vars unless set), on the same GPUs."""
-    from vlmtrain.config.compose import load_run
-    from vlmtrain.config.groups import hardware
+    """(b) on (a)'s run config (direct_run_config), with the env vars (a) resolved, as vlmtrain.launch.local gives
+    its ranks (unless set here), on the same GPUs."""
+    from vlmtrain.launch import local
 
     run_config = direct_run_config(source, run_dir)
-    env = {k: v for k, v in hardware.runtime_env(load_run(run_config)).items() if k not in os.environ}
+    env = {k: v for k, v in local.loaded(run_config)[1].env_vars.items() if k not in os.environ}
     run = runner.spawn(direct_command(run_config, gpus, PORT), run_dir, env=env, gpus=range(gpus), port=int(PORT))
     return run.wait(), run.wall_s()
 

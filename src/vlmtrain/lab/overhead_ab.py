@@ -54,12 +54,10 @@ def pick(spec: Spec, name: str, iterations: int) -> Case:
 
 def dry_run(case: Case, out: Path) -> int:
     """CPU check of side (b): save the run config as launch.local would, derive (b)'s, then load/build/validate."""
-    from vlmtrain.config.compose import compose
-    from vlmtrain.config.resolve import resolve
     from vlmtrain.launch import local
 
-    run = compose(run_cases.overrides(case), output_dir=str(out / "vlmtrain"))
-    run_config = direct_run_config(local.save_run_config(run, resolve(run)), out / "direct")
+    run, res = run_cases.placed_resolved(run_cases.overrides(case), output_dir=str(out / "vlmtrain"))
+    run_config = direct_run_config(local.save_run_config(run, res), out / "direct")
     print("(a)", " ".join(run_cases.command(case, out / "pairN_vlmtrain")))
     print("(b)", " ".join(direct_command(run_config, case.gpus, PORT)))
     return direct_pretrain.main([str(run_config), "--dry-run"])

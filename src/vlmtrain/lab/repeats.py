@@ -6,10 +6,10 @@ number within the machine run); the case's summary row is `<case>_summary` with 
 Runs already recorded for a machine run are not run again (`done`), so a case's repeats may be split over several
 invocations on one machine.
 
-The peer ratio `vs_bridge_recipe` of benchmark H1 (issue 23) and H2 (issue 48): vlmtrain's best median of the
-benchmark / Bridge's own recipe's median (useful tokens/s), written as its own row (`vs-bridge-recipe_<machine run>`
-for H1, `vs-bridge-recipe-h2_<machine run>` for H2) whenever a summary of either side lands and both exist for the
-machine run.
+The peer ratio `vs_bridge_recipe` of benchmarks H1 and H2 (vlmtrain.lab.cases defines them): vlmtrain's best
+median of the benchmark / Bridge's own recipe's median (useful tokens/s), written as its own row
+(`vs-bridge-recipe_<machine run>` for H1, `vs-bridge-recipe-h2_<machine run>` for H2) whenever a summary of either
+side lands and both exist for the machine run.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ KEYS = ("useful_tokens_per_s_per_gpu", "mfu", "step_s", "peak_mem_gib", "mfu_vit
 """What a summary row gives the median and min/max of (a key is left out unless every run has it)."""
 SUMMARY_SUFFIX = "_summary"
 H1_PREFIX = "h1_"
-"""Case names of the issue-23 benchmark H1 (one H200): vlmtrain's cases and the Bridge recipe peer."""
+"""Case names of benchmark H1: vlmtrain's cases and the Bridge recipe peer."""
 PEER_PREFIXES = (H1_PREFIX, "h2_")
-"""The benchmarks with a Bridge recipe peer (vlmtrain.lab.bridge_benchmarks): H1 and issue 48's H2."""
+"""The benchmarks with a Bridge recipe peer (vlmtrain.lab.bridge_benchmarks): H1 and H2."""
 
 
 def bridge_case(prefix: str) -> str:

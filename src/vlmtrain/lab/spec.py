@@ -46,7 +46,7 @@ def text(value: Any) -> str:
 
 
 def mbs_as_capacity(overrides: list[str], key: str, tokens_per_sample: int, at_least: int) -> list[str]:
-    """`<key>=true` at MBS m and GBS g (m samples packed per micro-batch, the form before issue 22's packing by token
+    """`<key>=true` at MBS m and GBS g (m samples packed per micro-batch, the form before packing by token
     budget) as that packing: one row of max(m x tokens_per_sample, at_least) tokens per micro-batch (`<key>=<that>`),
     MBS 1 and g / m rows per step, so a row holds about the m samples the old micro-batch held."""
     values = dict(o.split("=", 1) for o in overrides if o.startswith((f"{MBS}=", f"{GBS}=", f"{key}=")))

@@ -42,11 +42,7 @@ def as_run_case(spec: Spec, case: Case, iterations: int) -> Case:
 
 def composed(spec: Spec, case: Case, **compose_kw: str) -> tuple[RunConfig, Resolved]:
     """The case as `python train.py <case> dry_run=true` composes it, placed on its declared world and resolved."""
-    from vlmtrain.check.defaults import placed
-    from vlmtrain.config.compose import compose
-
-    run = compose(run_cases.overrides(as_run_case(spec, case, 1), dry_run=True), **compose_kw)
-    return run, placed(run, node_gpus=0)[1]  # a dry run: the declared world, whatever this node has
+    return run_cases.placed_resolved(run_cases.overrides(as_run_case(spec, case, 1), dry_run=True), **compose_kw)
 
 
 def table(spec: Spec, cases: list[Case], status: dict[str, str] | None = None) -> str:

@@ -15,8 +15,7 @@ from typing import TYPE_CHECKING
 
 from omegaconf import OmegaConf
 
-from vlmtrain.config import redact
-from vlmtrain.config.resolve import save as save_run_json
+from vlmtrain.config import redact, resolve
 
 if TYPE_CHECKING:
     from vlmtrain.config.resolve import Resolved
@@ -35,8 +34,19 @@ def save_run_config(run: RunConfig, res: Resolved) -> Path:
     path = out / RUN_CONFIG
     tree = OmegaConf.to_container(OmegaConf.structured(run), enum_to_str=True)
     OmegaConf.save(OmegaConf.create(redact.redact(tree, masking=redact.ENV_REFERENCES)), path)
-    save_run_json(res, out)
+    resolve.save(res, out)
     return path
+
+
+def loaded(path: str | Path) -> tuple[RunConfig, Resolved]:
+    """What every rank entry starts from: the run config saved at `path` and the run.json saved next to it
+    (`save_run_config`; a missing one is named, not read as defaults)."""
+    from vlmtrain.config.compose import load_run
+
+    res = resolve.load(Path(path).parent)
+    if res is None:
+        raise FileNotFoundError(f"{Path(path).parent / resolve.RUN_JSON}: the launcher saves it next to {path}")
+    return load_run(path), res
 
 
 def launch(run: RunConfig, res: Resolved, module: str = "vlmtrain.worker", log: str = RANKS_LOG,

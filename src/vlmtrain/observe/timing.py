@@ -33,6 +33,7 @@ from itertools import pairwise
 from typing import Any
 
 from vlmtrain.observe.keys import time_key
+from vlmtrain.train.unwrap import unwrap
 
 COMPONENTS = ("vision", "projector", "decoder", "optimizer", "data")
 OTHER = "other"
@@ -137,17 +138,11 @@ def _grad_tensors(*objs: Any) -> list[Any]:
     return flat
 
 
-def _unwrap(module: Any) -> Any:
-    while hasattr(module, "module"):
-        module = module.module
-    return module
-
-
 def qwen3vl_parts(model_chunks: Sequence[Any]) -> list[tuple[Any, str, str | None]]:
     """(module, component, component its backward returns to) for the timed modules of every model chunk."""
     parts: list[tuple[Any, str, str | None]] = []
     for chunk in model_chunks:
-        m = _unwrap(chunk)
+        m = unwrap(chunk)
         vision = getattr(m, "vision_model", None)
         if vision is not None:
             parts.append((vision, "vision", None))

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from vlmtrain.train.unwrap import unwrap
+
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
 
@@ -35,17 +37,11 @@ def before_launch(run: RunConfig, cfg: ConfigContainer) -> None:
             )
 
 
-def _unwrap(module: Any) -> Any:
-    while hasattr(module, "module"):
-        module = module.module
-    return module
-
-
 def tower_params(model_chunks: list[Any]) -> dict[str, dict[str, int]]:
     """Trainable and frozen parameter counts of the ViT, the projector and the decoder on this rank."""
     out = {t: {"trainable": 0, "frozen": 0} for t in ("vision", "projector", "decoder")}
     for chunk in model_chunks:
-        for name, p in _unwrap(chunk).named_parameters():
+        for name, p in unwrap(chunk).named_parameters():
             if name.startswith("vision_model."):
                 tower = "projector" if (".merger." in name or "deepstack_merger" in name) else "vision"
             else:
@@ -56,7 +52,7 @@ def tower_params(model_chunks: list[Any]) -> dict[str, dict[str, int]]:
 
 def vit_attention_head_dims(model_chunks: list[Any]) -> list[int]:
     """The head dims the ViT's TE attention modules run at (kernels.vit_attention_head_dim pads them)."""
-    return sorted({m.hidden_size_per_attention_head_k for c in model_chunks for name, m in _unwrap(c).named_modules()
+    return sorted({m.hidden_size_per_attention_head_k for c in model_chunks for name, m in unwrap(c).named_modules()
                    if name.startswith("vision_model.") and hasattr(m, "hidden_size_per_attention_head_k")})
 
 
@@ -139,7 +135,7 @@ def frozen_checksums(model_chunks: list[Any]) -> dict[str, float]:
 
     sums: dict[str, float] = {}
     for chunk in model_chunks:
-        for name, p in _unwrap(chunk).named_parameters():
+        for name, p in unwrap(chunk).named_parameters():
             if p.requires_grad:
                 continue
             # Megatron-FSDP shards unevenly; its own gather is what Bridge's HF export uses on these DTensors
@@ -151,7 +147,7 @@ def frozen_checksums(model_chunks: list[Any]) -> dict[str, float]:
 
 def graphed_layers(model_chunks: list[Any]) -> int:
     """Layers that hold captured TE CUDA graphs (Megatron's TECudaGraphHelper sets `layer.cuda_graphs`)."""
-    return sum(1 for c in model_chunks for m in _unwrap(c).modules() if getattr(m, "cuda_graphs", None))
+    return sum(1 for c in model_chunks for m in unwrap(c).modules() if getattr(m, "cuda_graphs", None))
 
 
 def after_training(run: RunConfig, context: Any, frozen_before: dict[str, float], max_graphed: int) -> dict[str, Any]:

@@ -1,14 +1,14 @@
 """The MoE experts' weight gradients as a few grouped GEMMs instead of one cuBLAS GEMM per expert.
 
-TE's GroupedLinear backward computes each expert's dW_e = dY_e^T X_e through `general_grouped_gemm` (layout NT).
-Its CUTLASS grouped GEMM (NVTE_USE_CUTLASS_GROUPED_GEMM, kernels=fast) needs one K, a multiple of 128, for every
-group; a wgrad's K is that expert's token count, ragged, so TE falls back to a cuBLAS GEMM per expert on several
-streams: 128 launches per linear, the largest GPU-idle site of the H1 profile (results/profile_h200.jsonl). Forward
-(TN) and dgrad (NN) share K (the hidden sizes) and keep TE's CUTLASS path. `torch.nn.functional.grouped_mm` takes
-ragged K (`offs`), so here the tokens of up to CHUNK_BYTES of output run as one kernel, whose BF16 result is added
-to (or copied into) the gradients: a BF16 weight gradient added in FP32, as Megatron's grad hook does without
-gradient-accumulation fusion (TE's per-expert GEMMs accumulate in FP32 inside the GEMM). Anything else, FP8 or
-quantized tensors, biases, inputs that are not row slices of one tensor, goes to TE's function unchanged.
+TE's GroupedLinear backward computes each expert's dW_e = dY_e^T X_e through `general_grouped_gemm` (layout NT). Its
+CUTLASS grouped GEMM (NVTE_USE_CUTLASS_GROUPED_GEMM, kernels=fast) needs one K, a multiple of 128, for every group; a
+wgrad's K is that expert's token count, ragged, so TE falls back to a cuBLAS GEMM per expert on several streams: 128
+launches per linear, the largest GPU-idle site of the one-H200 profile (results/profile_h200.jsonl). Forward (TN) and
+dgrad (NN) share K (the hidden sizes) and keep TE's CUTLASS path. `torch.nn.functional.grouped_mm` takes ragged K
+(`offs`), so here the tokens of up to CHUNK_BYTES of output run as one kernel, whose BF16 result is added to (or copied
+into) the gradients: a BF16 weight gradient added in FP32, as Megatron's grad hook does without gradient-accumulation
+fusion (TE's per-expert GEMMs accumulate in FP32 inside the GEMM). Anything else, FP8 or quantized tensors, biases,
+inputs that are not row slices of one tensor, goes to TE's function unchanged.
 """
 
 from __future__ import annotations

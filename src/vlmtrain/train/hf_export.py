@@ -285,10 +285,10 @@ def rank_main(config: str, out: str, iteration: str) -> None:
     from megatron.bridge.training.pretrain import pretrain
 
     from vlmtrain.config.groups import data
+    from vlmtrain.launch import local
     from vlmtrain.train import trainer
-    from vlmtrain.worker import loaded
 
-    run, res = loaded(config)
+    run, res = local.loaded(config)
     cfg, _ = trainer.build(run, res)
     cfg.checkpoint.ckpt_step = int(iteration)
     cfg.checkpoint.load_optim = False

@@ -31,10 +31,10 @@ def embedding_max_diff(hf_path: str, model_chunks: list[Any]) -> float | None:
     from megatron.core.distributed.fsdp.src.megatron_fsdp.uneven_dtensor import uneven_dtensor_to_full_tensor
     from torch.distributed.tensor import DTensor
 
-    from vlmtrain.train.after_build import _unwrap
+    from vlmtrain.train.unwrap import unwrap
 
     for chunk in model_chunks:
-        for name, p in _unwrap(chunk).named_parameters():
+        for name, p in unwrap(chunk).named_parameters():
             if name != EMBEDDING:
                 continue
             mine = (uneven_dtensor_to_full_tensor(p) if isinstance(p, DTensor) else p).detach().cpu()

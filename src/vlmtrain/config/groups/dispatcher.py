@@ -7,7 +7,7 @@
 | deepep   | flex                            | deepep                            | DeepEP build; not on GB200  |
 | auto     | the hardware group's `default_dispatcher`                                                         |
 
-Flex dispatchers forbid shared-expert overlap. HybridEP's topology env vars come from hardware.runtime_env().
+Flex dispatchers forbid shared-expert overlap. HybridEP's topology env vars are resolved with the others (Resolved.env).
 """
 
 from __future__ import annotations

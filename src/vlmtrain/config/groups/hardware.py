@@ -64,12 +64,5 @@ def hybridep_env(hw: HardwareConfig, ep: int) -> dict[str, str]:
     }
 
 
-def runtime_env(run: RunConfig) -> dict[str, str]:
-    """Every env var a rank needs, merged (Resolved.env_vars: config.resolve.group_env keeps them per group)."""
-    from vlmtrain.config.resolve import resolve
-
-    return resolve(run).env_vars
-
-
 def apply(run: RunConfig, res: Resolved, cfg: ConfigContainer) -> None:
     cfg.env_vars = res.env_vars

@@ -10,22 +10,22 @@
 | default | Bridge's unfused   | Bridge's loops | false (pageable)  | false         | false          | false | te     |
 | fast    | te: fused kernel   | vectorized     | true              | false         | true           | false | te     |
 
-`auto` (the default) is `default` until the run is placed, then `settle` turns on every replacement proven for the
-model family and hardware (SM90: `fast`, and for Qwen3-VL experiment=perf_h200_best's vit_attention_head_dim=128,
-vit_host_grid and, under 3d, wgrad_fusion; elsewhere the fields exact on any GPU, ANY_GPU), keeping fields set to
-other values; what it leaves off, preflight's auto_left_off says (vlmtrain.check.defaults). Megatron Core warns on
+`auto` (the default) is `default` until the run is placed, then vlmtrain.check.defaults turns on every replacement
+proven for the model family and hardware (SM90: `fast`, and for Qwen3-VL experiment=perf_h200_best's
+vit_attention_head_dim=128, vit_host_grid and, under 3d, wgrad_fusion; elsewhere the fields exact on any GPU),
+keeping fields set to other values; what it leaves off, preflight's auto_left_off says. Megatron Core warns on
 every run with TE's cross entropy; preflight's te_cross_entropy_fusion says why auto keeps it (measured, FP32 in this
 TE).
-`default` is what Bridge does unless told otherwise. `fast` is what the issue-9 kernels sweep measured on 2 x H200
+`default` is what Bridge does unless told otherwise. `fast` is what the kernels sweep measured on 2 x H200
 (results/perf_h200x2.jsonl, one machine run, same step-1 loss): CUTLASS grouped GEMM 1.13x useful tokens/s at
 packed MBS 8 (TE #2045: per-expert GEMMs are small and many in fine-grained MoE); the fused router and TE cross
 entropy 0.97x (no speed change within noise) at 8 GiB less peak memory, which let MBS grow from 8 to 12.
-TE reads NVTE_USE_CUTLASS_GROUPED_GEMM from the environment when it runs a grouped GEMM, so `env()` feeds
-hardware.runtime_env (exported before torch is imported), not a Bridge field.
+TE reads NVTE_USE_CUTLASS_GROUPED_GEMM from the environment when it runs a grouped GEMM, so `env()` feeds the
+resolved env vars (`Resolved.env`, exported by the launcher before torch is imported), not a Bridge field.
 `rope`, `vit_positions`, `pin_visual_inputs`, `vit_host_grid`, `mask_grid_only`, `vit_attention_head_dim`,
 `wgrad_fusion` and `expert_wgrad` replace Bridge / Megatron / TE code paths that profiles found slow
 (vlmtrain.train.bridge_patches says what each does and installs them in each training process, whose loader workers
-inherit them); `vit_host_grid` is not in `fast` (docs/measurements.md, "Host syncs at H1"); `mask_grid_only` builds
+inherit them); `vit_host_grid` is not in `fast` (docs/measurements.md: the ViT's host syncs); `mask_grid_only` builds
 the same rows with less loader CPU (results/collate_cpu.jsonl). `vit_attention_head_dim` (null: the model's) is a
 head dim to run the ViT's attention at, zero-padded from the model's: exact, and worth it where the attention kernel
 is faster at that dim (vlmtrain.lab.micro.vit_attention measures each). No option sets it: the best dim depends on the
@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
 
-    from vlmtrain.config.resolve import Auto, Resolved
+    from vlmtrain.config.resolve import Resolved
     from vlmtrain.config.schema import RunConfig
 
 OWNS = frozenset({"model.moe_router_fusion", "model.cross_entropy_fusion_impl", "model.gradient_accumulation_fusion"})
@@ -113,8 +113,8 @@ class KernelsConfig:
     """Where JIT-compiled kernels are cached between runs (Triton, TileLang, TorchInductor dirs below it); null:
     data.cache_dir/kernels. On a cluster, a shared filesystem path lets every node reuse one compile."""
     auto: bool = False
-    """kernels=auto (the default): `settle` turns on every replacement proven for the model family and hardware
-    where the run is placed (check.defaults), each field still at its `default` value; false once settled."""
+    """kernels=auto (the default): check.defaults turns on every replacement proven for the model family and
+    hardware where the run is placed, each field still at its `default` value; false once settled."""
 
 
 def cache_root(run: RunConfig) -> Path:
@@ -145,60 +145,3 @@ def replacements(run: RunConfig) -> list[str]:
               "mask_grid_only": k.mask_grid_only, "vit_attention_pad": k.vit_attention_head_dim is not None,
               "wgrad_fusion": k.wgrad_fusion, "expert_wgrad": k.expert_wgrad == ExpertWgrad.grouped}
     return [name for name, on in chosen.items() if on]
-
-
-
-SM90 = 9
-"""The compute capability every kernels measurement ran on (H100/H200: docs/measurements.md)."""
-ANY_GPU = frozenset({"rope", "vit_positions", "pin_visual_inputs", "mask_grid_only"})
-"""`fast` fields exact on any GPU (tested beside Bridge's code on CPU, or the loader's host work): on off SM90 too."""
-VIT_PAD = {72: 128}
-"""ViT head dim -> the padded dim measured faster on SM90 (cuDNN at 128: vlmtrain.lab.micro.vit_attention)."""
-
-
-def settle(run: RunConfig, three_d: bool) -> list[Auto]:
-    """kernels=auto settled for the model family and hardware, in place (a no-op once settled): each replacement
-    is turned on where runs here proved it (the `fast` option's fields on SM90, those exact on any GPU elsewhere;
-    experiment=perf_h200_best's three for Qwen3-VL on SM90), a field not at its `default` value is kept as set,
-    and each replacement left off is recorded with why. `three_d`: parallelism=3d (weight-gradient fusion ran
-    there only)."""
-    from omegaconf import OmegaConf
-
-    from vlmtrain.config import architecture
-    from vlmtrain.config.compose import CONF_DIR
-    from vlmtrain.config.groups.model import Family
-    from vlmtrain.config.resolve import Auto
-
-    k, base = run.kernels, KernelsConfig()
-    if not k.auto:
-        return []
-    k.auto = False
-    fast = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(KernelsConfig),
-                                               OmegaConf.load(CONF_DIR / "kernels" / "fast.yaml")))
-    hw = run.hardware
-    sm90, on = hw.sm_major == SM90, f"hardware={hw.name} (SM {hw.sm_major}.{hw.sm_minor})"
-    wanted: dict[str, tuple[object, str | None]] = {
-        name: (getattr(fast, name), None if sm90 or name in ANY_GPU else f"measured on SM90 (H100/H200) only, not {on}")
-        for name in vars(base) if name != "auto" and getattr(fast, name) != getattr(base, name)}
-    if "moe_grouped_gemm" in wanted and not sm90:
-        wanted["moe_grouped_gemm"] = (fast.moe_grouped_gemm, f"the CUTLASS grouped GEMM is SM90-only, not {on}")
-    preset = None if sm90 and run.model.family == Family.qwen3_vl else (
-        f"measured with Qwen3-VL on SM90 only (experiment=perf_h200_best), not model={run.model.name} on {on}")
-    own = architecture.vit_head_dim(run.model)
-    wanted["vit_attention_head_dim"] = (VIT_PAD.get(own), preset or (
-        None if own in VIT_PAD else f"padding the ViT's {own}-channel heads was measured faster only from "
-        f"{', '.join(map(str, VIT_PAD))} (vlmtrain.lab.micro.vit_attention)"))
-    wanted["vit_host_grid"] = (True, preset)
-    wanted["wgrad_fusion"] = (True, preset or (None if three_d else "parallelism=fsdp: Megatron-FSDP's fused weight "
-                                               "gradients were never run here (preflight: wgrad_fusion_under_fsdp)"))
-    out = []
-    for name, (value, why_not) in wanted.items():
-        if getattr(k, name) != getattr(base, name):
-            continue  # set explicitly: kept
-        if why_not:
-            out.append(Auto(f"kernels.{name}", "off", why_not))
-            continue
-        setattr(k, name, value)
-        out.append(Auto(f"kernels.{name}", str(value).lower() if isinstance(value, bool) else str(value),
-                        f"proven for model={run.model.name} on {on} (docs/measurements.md)"))
-    return out

@@ -34,20 +34,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import TYPE_CHECKING, Any
+
+from vlmtrain.config.architecture import Family, LinearAttentionConfig
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
 
     from vlmtrain.config.resolve import Resolved
     from vlmtrain.config.schema import RunConfig
-
-
-class Family(StrEnum):
-    qwen3_vl = "qwen3_vl"
-    qwen35_vl = "qwen35_vl"
-
 
 BUILDS = frozenset({"model"})
 """The section this group constructs (build_provider: the Bridge model provider) before any group's apply() runs;
@@ -69,17 +64,6 @@ class VitConfig:
     num_heads: int = 16
     deepstack_indexes: list[int] = field(default_factory=list)
     """ViT layers feeding deepstack mergers (Qwen3-VL); each must be < depth."""
-
-
-@dataclass
-class LinearAttentionConfig:
-    """Gated-DeltaNet layers of Qwen3.5 (every `full_attention_interval`-th layer is full attention)."""
-
-    full_attention_interval: int = 4
-    key_head_dim: int = 128
-    value_head_dim: int = 128
-    num_key_heads: int = 16
-    num_value_heads: int = 32
 
 
 @dataclass
@@ -221,7 +205,7 @@ def env(run: RunConfig) -> dict[str, str]:
     """HF_HUB_OFFLINE=1 with `model.hf_path` (the dir is the only source); where JIT-compiled kernels are cached
     (persistent, kernels.cache_root): every family's Megatron helpers are torch.compile'd (router, dispatcher, fused
     activations: TorchInductor and Triton), Qwen3.5's Gated-DeltaNet kernels too (TileLang, autotuned Triton) and, on
-    SM90, FLA's TileLang backend (see the module docstring); hardware.runtime_env exports these."""
+    SM90, FLA's TileLang backend (see the module docstring); the launcher exports these (Resolved.env)."""
     from vlmtrain.config.groups.kernels import cache_root
 
     kernels = cache_root(run)

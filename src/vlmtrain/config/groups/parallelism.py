@@ -7,7 +7,8 @@
 |        | `checkpoint.ckpt_format=fsdp_dtensor` (Bridge asserts it)                                            |
 | 3d     | the TP/PP/VPP/CP/EP/ETP knobs, SP when TP>1, distributed optimizer, `ckpt_format=torch_dist`          |
 
-| auto   | the default: `3d` on a one-GPU world (EP 1: measured 1.16x FSDP at H1, results/tune_h200/report.md), else |
+| auto   | the default: `3d` on a one-GPU world (EP 1: 1.16x FSDP on one H200, Qwen3-VL-30B-A3B's shapes at 4     |
+|        | layers, results/tune_h200/report.md), else                                                              |
 |        | `fsdp` (the guidance's first layout), settled where the run is placed (check.defaults); unsettled: fsdp |
 
 `ep: null` means "auto": the largest degree dividing both the expert count and the ranks per pipeline stage.

@@ -48,7 +48,7 @@ def overrides(command: str) -> list[str]:
     return [a for a in args[args.index("train.py") + 1:] if not a.startswith("dry_run=")]
 
 
-def sample_lengths(run: RunConfig) -> list[tuple[int, int]]:
+def sample_lengths(run: RunConfig, res: Resolved) -> list[tuple[int, int]]:
     """(tokens, image tokens) of every row of the run's data, through its processor with the collate's pixel
     limits (min_pixels=200704, max_pixels=1003520)."""
     from PIL import Image
@@ -56,7 +56,7 @@ def sample_lengths(run: RunConfig) -> list[tuple[int, int]]:
 
     from vlmtrain.data import prepare
 
-    rows_file = prepare.prepare(run, resolve(run)).jsonl
+    rows_file = prepare.prepare(run, res).jsonl
     if rows_file is None:
         raise ValueError(f"data={run.data.kind}: no local rows to measure")
     processor = AutoProcessor.from_pretrained(str(prepare.processor_dir(run)))
@@ -102,10 +102,12 @@ def row(record: dict[str, Any], lengths_cache: dict[str, list[tuple[int, int]]],
     `cache_dir`; `output_dir` is where the composed run records its data scan."""
     ov = overrides(record["command"])
     run = compose([*ov, f"data.cache_dir={cache_dir}"], output_dir=output_dir)
+    # not placed: the recorded runs predate the auto defaults, and unplaced they read as those runs ran (FSDP,
+    # Bridge's kernels, no packing, Adam's FP32 state)
+    res = resolve(run)
     key = json.dumps([str(run.data.kind), str(run.data.path), repr(run.data.payload)])
     if key not in lengths_cache:
-        lengths_cache[key] = sample_lengths(run)
-    res = resolve(run)
+        lengths_cache[key] = sample_lengths(run, res)
     w = measured_workload(run, res, lengths_cache[key])
     b, worst = memory.estimate(run, res, w), memory.estimate(run, res)
     measured = float(record["metrics"]["peak_mem_gib"])

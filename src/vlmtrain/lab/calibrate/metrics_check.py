@@ -21,10 +21,11 @@ import statistics
 from pathlib import Path
 
 from vlmtrain.config import architecture as arch
-from vlmtrain.config.compose import load_run
+from vlmtrain.config.resolve import Resolved
 from vlmtrain.config.schema import RunConfig
 from vlmtrain.lab import experiments, store
 from vlmtrain.lab.runner import ROOT
+from vlmtrain.launch import local
 from vlmtrain.observe import run_summary
 
 TOLERANCE_MFU = 0.05  # relative: parameter-count vs shape-formula FLOPs (norms, router, biases differ)
@@ -32,7 +33,7 @@ TOLERANCE_TOKENS = 0.0  # exact: the same samples tokenized another way
 TOLERANCE_COMPONENTS = 0.10  # named components cover >= 90 % of the step
 
 
-def samples_per_step(run: RunConfig, steps: int) -> list[list[dict]]:
+def samples_per_step(run: RunConfig, res: Resolved, steps: int) -> list[list[dict]]:
     """The samples each global step consumed, tokenized independently of the collate and the Megatron step.
 
     The order is Bridge's own: its dataset and the same `cyclic` sampler (MegatronPretrainingRandomSampler)
@@ -44,10 +45,8 @@ def samples_per_step(run: RunConfig, steps: int) -> list[list[dict]]:
     from transformers import AutoProcessor
 
     from vlmtrain.build import container
-    from vlmtrain.config.resolve import resolve
     from vlmtrain.data import prepare
 
-    res = resolve(run)
     cfg = container.build(run, res)
     gbs, mbs, dp = run.train.global_batch_size, run.train.micro_batch_size, res.layout.dp
     ds = get_dataset_provider(cfg.dataset)([run.train.iterations * gbs, 0, 0], cfg.dataset)[0]
@@ -117,11 +116,11 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 
 def run(a: argparse.Namespace) -> int:
-    cfg = load_run(a.run_dir / "run_config.yaml")
+    cfg, res = local.loaded(a.run_dir / local.RUN_CONFIG)  # the run's saved config and what it resolved
     rows = run_summary.read_jsonl(a.run_dir / "metrics.jsonl")
     checks = json.loads((a.run_dir / "checks.json").read_text())
-    per_step = samples_per_step(cfg, len(rows))
-    gpus, peak = cfg.nodes * (cfg.gpus_per_node or 1), cfg.hardware.peak_bf16_tflops * 1e12
+    per_step = samples_per_step(cfg, res, len(rows))
+    gpus, peak = res.layout.world_size, cfg.hardware.peak_bf16_tflops * 1e12
     cmp = []
     for r, batch in zip(rows[a.skip :], per_step[a.skip :], strict=True):
         f = flops_from_params(cfg, checks["params"], batch)

@@ -128,12 +128,11 @@ def vlmtrain_logits(hf_dir: Path, model_option: str, megatron: Path | None,
     import torch
     from megatron.bridge.training.model_load_save import temporary_distributed_context
 
+    from vlmtrain.train.unwrap import unwrap
+
     with temporary_distributed_context(backend="nccl"):
         model = megatron_model(hf_dir, model_option, megatron).cuda().eval()
-        inner = model
-        while not hasattr(inner, "language_model"):  # Float16Module and other wrappers
-            inner = inner.module
-        kept, handles = layer_outputs(inner.language_model.decoder.layers)
+        kept, handles = layer_outputs(unwrap(model).language_model.decoder.layers)  # inside Float16Module
         with torch.no_grad():
             logits = model(input_ids=batch["input_ids"].cuda(), position_ids=None, attention_mask=None,
                            pixel_values=batch["pixel_values"].cuda().bfloat16(),

@@ -1,4 +1,4 @@
-"""Kill -9 while a checkpoint is being written (issue 25 item 2), on one GPU with the tiny model.
+"""Kill -9 while a checkpoint is being written, on one GPU with the tiny model.
 
 Bridge makes a checkpoint "the latest" only after its data is complete: save_checkpoint writes iter_N/train_state.pt,
 then latest_train_state.pt and latest_checkpointed_iteration.txt, after the barrier that ends a sync save, or as a

@@ -72,25 +72,24 @@ def case(name: str, overrides: list[str]) -> Case:
 
 
 CASES = [
-    case("tiny_kernels-default", cases.TINY),
+    case("tiny_kernels-default", [*cases.TINY, "kernels=default"]),
     case("tiny_kernels-fast", [*cases.TINY, "kernels=fast"]),
     # 4 layers: the fewest that hold the 3 deepstack layers (preflight deepstack_on_first_stage)
-    case("30b-shape-l4_kernels-default", cases.L4_30B),
+    case("30b-shape-l4_kernels-default", [*cases.L4_30B, "kernels=default"]),
     case("30b-shape-l4_kernels-fast", [*cases.L4_30B, "kernels=fast"]),
     # Qwen3.5 (Gated DeltaNet 3:1 full attention): preflight refuses its packing until these pass
-    case("tiny-qwen35_kernels-default", cases.TINY_QWEN35),
-    case("h2-shape-l4_kernels-default", cases.L4_35),
+    case("tiny-qwen35_kernels-default", [*cases.TINY_QWEN35, "kernels=default"]),
+    case("h2-shape-l4_kernels-default", [*cases.L4_35, "kernels=default"]),
     case("h2-shape-l4_kernels-fast", [*cases.L4_35, "kernels=fast"]),
-    case("h2-shape-l2-gdn-attn_kernels-default", cases.L2_35),
+    case("h2-shape-l2-gdn-attn_kernels-default", [*cases.L2_35, "kernels=default"]),
 ]
 
 
 def run_cases(only: list[str] | None, results_path: Path, commit: str) -> int:
-    """Each case in its own one-rank torchrun (Bridge's setup owns the process's global state): compose, preflight,
-    scan the data on CPU, launch `main` on the saved run config as a run's ranks are launched, append its row."""
+    """Each case in its own one-rank torchrun (Bridge's setup owns the process's global state): compose and place
+    as train.py does, preflight, scan the data on CPU, launch `main` on the saved run config as a run's ranks are
+    launched, append its row."""
     from vlmtrain.check import preflight
-    from vlmtrain.config.compose import compose
-    from vlmtrain.config.resolve import resolve
     from vlmtrain.data import prepare
 
     failed = 0
@@ -98,8 +97,7 @@ def run_cases(only: list[str] | None, results_path: Path, commit: str) -> int:
         if only and c.name not in only:
             continue
         name, run_dir = c.name, ROOT / "outputs" / "packing_equivalence" / c.name
-        run = compose(c.overrides, output_dir=str(run_dir))
-        res = resolve(run)
+        run, res = cases.placed_resolved(c.overrides, output_dir=str(run_dir))
         preflight.enforce(run, res)
         prepare.prepare(run, res)
         ranks = runner.start_ranks(run, res, c.module, log=run_dir / LOG)

@@ -139,10 +139,10 @@ class Harness:
         from megatron.bridge.training.setup import setup
         from megatron.bridge.training.state import GlobalState
 
+        from vlmtrain.launch import local
         from vlmtrain.train import trainer
-        from vlmtrain.worker import loaded
 
-        self.run, res = loaded(run_config)
+        self.run, res = local.loaded(run_config)
         cfg, self.patched = trainer.build(self.run, res)
         runtime_config_update(cfg)
         self.state = GlobalState()

@@ -1,4 +1,4 @@
-"""The GPU reliability checks (issue 25, items 2, 4 and 5): each runs a real tiny `python train.py` on one GPU and
+"""The GPU reliability checks: each runs a real tiny `python train.py` on one GPU and
 returns (passed, metrics) from what the run wrote. This module's command runs them and appends a row per check to
 results/reliability.jsonl (a check that raises still writes its row, with the reason); tests/gpu/test_reliability.py
 asserts the same checks.
@@ -18,7 +18,7 @@ asserts the same checks.
   step as skipped.
 - oom: MBS 256 at seq 4096 (the logits alone need ~1 TB; preflight.ignore=[memory_fits]) must stop (status 5) with a
   record naming the component (the logits are the decoder's) and the estimate's suggested overrides.
-- kill_ckpt_3d, kill_ckpt_3d_async, kill_ckpt_fsdp (item 2): SIGKILL while a checkpoint is being written (torch_dist
+- kill_ckpt_3d, kill_ckpt_3d_async, kill_ckpt_fsdp: SIGKILL while a checkpoint is being written (torch_dist
   sync and async save, fsdp_dtensor sync); the previous checkpoint stays the one Bridge loads and the relaunch
   resumes from it with the uninterrupted run's losses (vlmtrain.lab.checks.kill_checkpoint).
 """

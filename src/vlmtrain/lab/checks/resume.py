@@ -14,7 +14,7 @@ unchanged; it must resume from the checkpoint and reproduce A's losses. Appends 
 The data position too: every run writes samples.jsonl (the sample indices of each step's micro-batches, per
 data-parallel rank). B's steps before its checkpoint (from the killed run) and from the checkpoint on (from the
 resumed run) must be exactly A's: the same samples at every step, none twice and none skipped. With --packed
-the row goes to results/reliability.jsonl (issue 25's data-position check).
+the row goes to results/reliability.jsonl (the reliability checks' data position).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Issue 25 item 1: a real training job through `python train.py -m hydra/launcher=slurm` on a real Slurm with the
-real GPU as gres (scripts/device/slurm_start.sh), preempted mid-run and resumed; this module's command appends the
-row to results/reliability.jsonl, tests/gpu/test_slurm_preempt_gpu.py asserts the same.
+"""Preemption under Slurm: a real training job through `python train.py -m hydra/launcher=slurm` on a real Slurm
+with the real GPU as gres (scripts/device/slurm_start.sh), preempted mid-run and resumed; this module's command
+appends the row to results/reliability.jsonl, tests/gpu/test_slurm_preempt_gpu.py asserts the same.
 
     bash scripts/device/slurm_start.sh && export PATH=/tmp/slurm-root/bin:$PATH
     vlmtrain lab slurm-preempt --case tiny            # the plumbing, ~2 min
@@ -84,13 +84,10 @@ sends the signal itself)."""
 
 def checkpoint_gib(case: Case) -> float:
     """What one checkpoint of the case holds: BF16 weights + Adam's FP32 state (the memory estimate's params and
-    optimizer, world size 1)."""
+    optimizer, world size 1) of the run as train.py places it."""
     from vlmtrain.check.memory.estimate import estimate
-    from vlmtrain.config.compose import compose
-    from vlmtrain.config.resolve import resolve
 
-    run = compose(overrides(case, None))
-    b = estimate(run, resolve(run))
+    b = estimate(*cases.placed_resolved(overrides(case, None)))
     return b.params + b.optimizer
 
 

@@ -1,5 +1,5 @@
-"""Issue 47's verification on one GPU, per model family: a Hugging Face checkpoint in, training, a Hugging Face
-checkpoint out, each step checked against transformers. One row per check appended to `--results`.
+"""The Hugging Face round trip on one GPU, per model family: a Hugging Face checkpoint in, training, a Hugging
+Face checkpoint out, each step checked against transformers. One row per check appended to `--results`.
 
     vlmtrain lab verification --results results/verification.jsonl [--families qwen3_vl qwen35_vl]
         [--checks parity_trained export_fsdp ...]

@@ -1,4 +1,4 @@
-"""The ceiling of issue 23: the bf16 GEMM rate this card reaches with torch.matmul, at 8192^3 and at the GEMM shapes
+"""The matmul ceiling: the bf16 GEMM rate this card reaches with torch.matmul, at 8192^3 and at the GEMM shapes
 of benchmark H1's model, one row each in results/perf_h200.jsonl; and, once an H1 summary of the same machine run
 exists, each tower's achieved rate against its own GEMMs' measured rate (`towers_vs_ceiling`).
 

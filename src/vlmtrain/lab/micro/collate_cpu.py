@@ -37,13 +37,11 @@ def dataset(capacity: int, out: Path, items: int, overrides: list[str]) -> Any:
     from megatron.bridge.data.utils import get_dataset_provider
 
     from vlmtrain.build import container, target
-    from vlmtrain.config.compose import compose
-    from vlmtrain.config.resolve import resolve
     from vlmtrain.data import prepare
+    from vlmtrain.lab.cases import placed_resolved
     from vlmtrain.train import bridge_patches
 
-    run = compose([*H1, f"data.packing={capacity}", *overrides], output_dir=str(out))
-    res = resolve(run)
+    run, res = placed_resolved([*H1, f"data.packing={capacity}", *overrides], output_dir=str(out))
     prepare.prepare(run, res)
     cfg = container.build(run, res)
     target.finalize(run, res, cfg)

@@ -21,6 +21,7 @@ from typing import Any
 
 from vlmtrain.config.compose import CONF_DIR
 from vlmtrain.lab import experiments, store
+from vlmtrain.lab.cases import placed_resolved
 
 PAUSED = 3
 """Exit status of an invocation that hit --max-wall-min: run the same command again to resume."""
@@ -96,7 +97,7 @@ def main(args: argparse.Namespace) -> int:
     from vlmtrain.config import world
     from vlmtrain.config.overrides import check_args
     from vlmtrain.lab import spec
-    from vlmtrain.lab.tune import outputs, search, space, trials
+    from vlmtrain.lab.tune import outputs, search, trials
 
     config, launcher = split(args.overrides)
     if problem := check_args(config):
@@ -110,7 +111,7 @@ def main(args: argparse.Namespace) -> int:
     name = args.name or default_name(sp.base)
     out = args.dir or Path("outputs") / "tune" / name
     node_gpus = 0 if any("slurm" in o for o in launcher) else world.local_gpus()  # Slurm: the declared world
-    gpus = space.placed_resolved(sp.base, node_gpus)[1].layout.world_size
+    gpus = placed_resolved(sp.base, node_gpus)[1].layout.world_size
     if node_gpus == 0 and not launcher and not args.plan:
         print("vlmtrain tune: no GPU on this machine: add --plan for the candidate space, or run on a GPU node "
               "(or with hydra/launcher=slurm)", file=sys.stderr)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vlmtrain.lab.cases import Case
+from vlmtrain.lab.cases import Case, placed_resolved
 from vlmtrain.lab.spec import Spec, Stage
 from vlmtrain.lab.tune import budget, finalists, ledger, space, trials
 from vlmtrain.lab.tune.budget import OutOfTime
@@ -170,7 +170,7 @@ class Search:
         if mfu_below is not None and mfu is not None and mfu >= mfu_below:
             record["skipped"] = f"the incumbent's MFU {mfu:.1%} is not below {mfu_below:.0%}"
             return parents, incumbent
-        run, res = space.placed_resolved(self.spec.base, self.node_gpus)
+        run, res = placed_resolved(self.spec.base, self.node_gpus)
         lay = res.layout
         varied = space.stage_values(stage, run, lay.world_size, lay.gpus_per_node)
         cands = space.prune(self.spec, space.candidates(self.spec, parents, varied), self.node_gpus)

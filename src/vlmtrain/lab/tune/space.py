@@ -14,16 +14,14 @@ estimate, which reads the capacity, included): a candidate with an error finding
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import functools
 import importlib.util
 import itertools
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from vlmtrain.lab.cases import Case
+from vlmtrain.lab.cases import Case, placed_resolved
 from vlmtrain.lab.spec import Spec, Stage
 
 if TYPE_CHECKING:
@@ -121,23 +119,6 @@ def candidates(spec: Spec, parents: list[dict[str, Any]], grids: list[dict[str, 
                 case = spec.case({**parent, **dict(zip(varied, combo, strict=True))})
                 seen.setdefault(case.name, Candidate(case, i))
     return list(seen.values())
-
-
-@functools.lru_cache(maxsize=1024)
-def _composed(overrides: tuple[str, ...]) -> RunConfig:
-    """Each candidate composed once per process (Hydra's composition is most of a check): a search checks the same
-    runs again in later stages, on resume and for its finalists."""
-    from vlmtrain.config.compose import compose
-
-    return compose(list(overrides))
-
-
-def placed_resolved(overrides: list[str], node_gpus: int) -> tuple[RunConfig, Resolved]:
-    """The run as train.py composes it, placed on the world it will run on and resolved (check.defaults.placed)."""
-    from vlmtrain.check import defaults
-
-    run = copy.deepcopy(_composed(tuple(overrides)))  # placing settles a run in place: keep the cached one as composed
-    return run, defaults.placed(run, node_gpus)[1]
 
 
 def placed(overrides: list[str], node_gpus: int) -> RunConfig:

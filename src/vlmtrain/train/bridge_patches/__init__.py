@@ -1,6 +1,7 @@
-"""Drop-in replacements for eight Bridge / Megatron / TE hot spots that profiles found (the issue-9 best case's,
-results/profile_h200x2.jsonl; vit_host_grid, vit_attention_pad, wgrad_fusion and expert_wgrad H1's,
-results/profile_h200.jsonl; mask_grid_only the loader's, results/collate_cpu.jsonl): the same results, meant to be
+"""Drop-in replacements for eight Bridge / Megatron / TE hot spots that profiles found (the 2 x H200 sweep's best
+case's, results/profile_h200x2.jsonl; vit_host_grid, vit_attention_pad, wgrad_fusion and expert_wgrad those of
+Qwen3-VL-30B-A3B's shapes on one H200, results/profile_h200.jsonl; mask_grid_only the loader's,
+results/collate_cpu.jsonl): the same results, meant to be
 faster.
 The kernels group decides which (`replacements`); `install()` puts them in place once per training process, before
 Bridge builds the model.

@@ -1,8 +1,9 @@
-"""mask_grid_only (the data loader's, not the GPU's): Bridge's packed Qwen collate builds each sample's assistant
-loss mask by rendering its chat template through the processor again, twice, for token ids only; each render
-resized, normalized and patchified every image (48 % of a worker's time per H1 row, results/collate_cpu.jsonl).
-During that call the image processor computes each image's grid alone (the same smart_resize), which is all
-the token ids depend on: the same masks, no pixels (tests/unit/test_bridge_patches.py compares whole rows).
+"""mask_grid_only (the data loader's, not the GPU's): Bridge's packed Qwen collate builds each sample's assistant loss
+mask by rendering its chat template through the processor again, twice, for token ids only; each render resized,
+normalized and patchified every image (48 % of a worker's time per packed row of 12288 tokens,
+results/collate_cpu.jsonl). During that call the image processor computes each image's grid alone (the same
+smart_resize), which is all the token ids depend on: the same masks, no pixels (tests/unit/test_bridge_patches.py
+compares whole rows).
 """
 
 from __future__ import annotations

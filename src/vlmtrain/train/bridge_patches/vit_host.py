@@ -13,10 +13,11 @@ on the compute stream. The method added here lets the loader's pin thread pin th
 
 vit_host_grid: the ViT's image grid lives on the GPU, and Bridge reads it back piecemeal: its packed-sequence
 `max_seqlen` is a 0-d GPU tensor, which TE compares (`AttentionParams.__eq__`) and converts to an int in every
-attention layer, each a device sync (146 ms of GPU idle in results/profile_h200.jsonl's H1 step), and the
+attention layer, each a device sync (146 ms of GPU idle in results/profile_h200.jsonl's one-H200 step), and the
 tower's last line syncs once more (`.tolist()` of the split sizes) after queuing all 27 layers. Here the grid is
 read to the host once per forward, and the lengths are host ints (cu_seqlens copied to the GPU asynchronously).
-Not in kernels=fast: at H1 the ViT's span fell but the step did not (docs/measurements.md, "Host syncs at H1").
+Not in kernels=fast: in that step the ViT's span fell but the step did not (docs/measurements.md: the ViT's host
+syncs).
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
-"""wgrad_fusion: Bridge builds the model with gradient_accumulation_fusion off, since Megatron's non-TE linears (the
-ViT mergers, the output layer) then call APEX's fused_weight_gradient_mlp_cuda, absent here; so every weight
-gradient was written in BF16 and added to its FP32 main grad by Megatron's grad hook (72 ms of adds and 42 ms of
-GPU idle in the H1 step). Here kernels.apply turns the fusion on, the ViT's config (built from scratch by Bridge)
-takes it too, and those linears get TE's accumulating GEMM where they ask for APEX's.
+"""wgrad_fusion: Bridge builds the model with gradient_accumulation_fusion off, since Megatron's non-TE linears (the ViT
+mergers, the output layer) then call APEX's fused_weight_gradient_mlp_cuda, absent here; so every weight gradient was
+written in BF16 and added to its FP32 main grad by Megatron's grad hook (72 ms of adds and 42 ms of GPU idle in a step
+of Qwen3-VL-30B-A3B's shapes on one H200, results/profile_h200.jsonl). Here kernels.apply turns the fusion on, the ViT's
+config (built from scratch by Bridge) takes it too, and those linears get TE's accumulating GEMM where they ask for
+APEX's.
 
 expert_wgrad: TE's GroupedLinear runs each MoE expert's weight gradient as its own cuBLAS GEMM (the token counts
 are ragged, which its CUTLASS grouped GEMM cannot take): 128 GEMMs per linear. vlmtrain.train.expert_wgrad runs
