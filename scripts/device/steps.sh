@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU steps still to run, by name, on the lent GPU machine after `scripts/device/install.sh` (docs/architecture.md,
+# The GPU steps still to run, by name, on the GPU machine after `scripts/device/install.sh` (docs/architecture.md,
 # "Testing on a GPU"); each writes its rows and a tarball of its logs under $OUT, which the call brings back.
 #   VLMTRAIN_COMMIT=<sha> bash scripts/device/steps.sh STEP
 # Steps, in the order a fresh machine should run them (each fits one 10-minute call on one H100):
@@ -16,7 +16,8 @@ step=${1:?usage: steps.sh STEP}
 export PYTHONPATH=/tmp/site:$PWD/src NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1 VLMTRAIN_COMMIT=${VLMTRAIN_COMMIT:-unknown}
 OUT=${OUT:?run on the device machine, where OUT is set}
-# A rank left over from an earlier call holds GPU memory: kill what nvidia-smi lists first.
+# A rank left over from an earlier call holds GPU memory: kill what nvidia-smi lists first (a throwaway machine
+# only: never on a shared node).
 for pid in $(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null); do kill -9 "$pid" 2>/dev/null; done
 logs() { (cd "$1" && find . -maxdepth 3 \( -name '*.log' -o -name '*.json' \) -print0 |
   tar czf "$OUT/$step-logs.tgz" --null -T -); }

@@ -179,6 +179,11 @@ def test_a_moved_hf_path_is_named_with_the_fix(tmp_path: Path, capsys: pytest.Ca
     other = tiny_hf.build("qwen3_vl", tmp_path / "hf-other", num_layers=4)
     with pytest.raises(ExportError, match="model.num_layers=2 but config.json text_config.num_hidden_layers=4"):
         locate(run, None, out, str(other))
+    # a run that started from no HF checkpoint has none to find: --hf-path would swap in another's config
+    scratch, scratch_ckpt = run_dir(tmp_path / "scratch", 2, "model.num_layers=2")
+    checkpoint(scratch_ckpt, 2)
+    with pytest.raises(ExportError, match="the run started from no Hugging Face checkpoint"):
+        locate(scratch, None, out, str(moved))
 
 
 def test_the_fsdp_export_ranks_build_the_runs_model_without_its_data(bridge, cache: Path, tmp_path: Path) -> None:

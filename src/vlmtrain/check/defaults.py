@@ -257,6 +257,9 @@ def _packed_step(run: RunConfig) -> tuple[Packed | None, str]:
         return None, f"the {n} training samples are fewer than one step's train.global_batch_size={gbs}"
     if 0 < len(lengths.held_out) < gbs:  # unpacked too: preflight's validation_fills_eval_batch refuses it
         return None, f"the {len(lengths.held_out)} held-out samples are fewer than one evaluation batch of {gbs}"
+    if lengths.longest > PACK_ROWS * t.seq_length:
+        return None, (f"the longest sample ({lengths.longest} tokens) is longer than auto packing's largest row "
+                      f"({PACK_ROWS} x train.seq_length={t.seq_length})")
     run.data.packing = t.seq_length  # the layout and segment alignment of a packed run
     res = resolve(run)
     dp, align = res.layout.dp, res.pack_align

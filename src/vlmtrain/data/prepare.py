@@ -16,6 +16,7 @@ import contextlib
 import fcntl
 import json
 import os
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -175,6 +176,9 @@ def prepare(run: RunConfig, res: Resolved) -> Prepared:
     return prepared
 
 
+_SAID: set[str] = set()
+
+
 def lengths(run: RunConfig) -> rows.Lengths | None:
     """The exact lengths of the samples this run would train on and hold out (the good ones, after the hold-out
     split; cached), before any GPU work: the rows the defaults and preflight count. None where the data stage
@@ -192,7 +196,11 @@ def lengths(run: RunConfig) -> rows.Lengths | None:
             train, _ = rows.source_lengths(run, report, prepared.hf_source, proc)
             held = rows.source_lengths(run, held_report or report, prepared.validation, proc)[0] \
                 if prepared.validation else []
-    except (OSError, ValueError):  # a BadSample too: the data stage says what is wrong with the data
+    except (OSError, ValueError) as e:  # a BadSample too: the data stage says what is wrong with the data
+        why = f"[vlmtrain] the data's sample lengths are not known before the run ({type(e).__name__}: {e})"
+        if why not in _SAID:  # the defaults, preflight and the plan each ask: say it once
+            _SAID.add(why)
+            print(why, file=sys.stderr)
         return None
     return rows.Lengths(tuple(train), tuple(held))
 

@@ -93,4 +93,3 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         _add(experiments, name)
     for name in ALIASES:
         _add(sub, name)
-

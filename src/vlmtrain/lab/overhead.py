@@ -13,7 +13,6 @@ decides a 1 % bound is the one over pairs (`overhead_ratio_pairs_ci95`).
 from __future__ import annotations
 
 import math
-import os
 import random
 import re
 import shutil
@@ -94,7 +93,7 @@ def run_direct(source: Path, run_dir: Path, gpus: int) -> tuple[int, float]:
     from vlmtrain.launch import local
 
     run_config = direct_run_config(source, run_dir)
-    env = {k: v for k, v in local.loaded(run_config)[1].env_vars.items() if k not in os.environ}
+    env = local.rank_env(local.loaded(run_config)[1])
     run = runner.spawn(direct_command(run_config, gpus, PORT), run_dir, env=env, gpus=range(gpus), port=int(PORT))
     return run.wait(), run.wall_s()
 

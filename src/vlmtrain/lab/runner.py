@@ -180,6 +180,6 @@ def start_ranks(run: RunConfig, res: Resolved, module: str, *, log: Path | None 
     from vlmtrain.launch import local
 
     path, lay, port = local.save_run_config(run, res), res.layout, free_port()
-    env = {k: v for k, v in res.env_vars.items() if k not in os.environ}
+    env = local.rank_env(res)
     return spawn(local.torchrun(module, [str(path)], lay.gpus_per_node, lay.nodes, port), Path(run.output_dir),
                  log=log, env=env, gpus=gpus, port=port, timeout_s=timeout_s)

@@ -49,6 +49,12 @@ def loaded(path: str | Path) -> tuple[RunConfig, Resolved]:
     return load_run(path), res
 
 
+def rank_env(res: Resolved) -> dict[str, str]:
+    """The resolved env vars the ranks get before torch is imported, each unless this environment sets it already
+    (as Bridge's own env_vars never override one)."""
+    return {k: v for k, v in res.env_vars.items() if k not in os.environ}
+
+
 def launch(run: RunConfig, res: Resolved, module: str = "vlmtrain.worker", log: str = RANKS_LOG,
            args: tuple[str, ...] = ()) -> int:
     """Start one rank per local GPU through torchrun, with the resolved env vars, and wait for them. `module` is
@@ -56,8 +62,7 @@ def launch(run: RunConfig, res: Resolved, module: str = "vlmtrain.worker", log: 
     its own instead of vlmtrain.worker)."""
     path = save_run_config(run, res)
     lay = res.layout
-    env = dict(os.environ)
-    env.update({k: v for k, v in res.env_vars.items() if k not in os.environ})
+    env = {**os.environ, **rank_env(res)}
     env.setdefault("PYTHONUNBUFFERED", "1")
     cmd = torchrun(module, [str(path), *args], lay.gpus_per_node, lay.nodes, master_port(env))
     print(f"[vlmtrain] launching {lay.world_size} rank(s): {' '.join(cmd)}", flush=True)

@@ -1,6 +1,7 @@
 """The names of the metrics vlmtrain logs (metrics.jsonl rows, the W&B run's history and summary) that later stages
 read by name: the metrics callback writes them through these constants and the W&B views chart them through the same
-ones, so renaming a metric here renames it everywhere (and a recorded run with the old name fails the views' test).
+ones, so a metric renamed here is renamed in the logs and the views together (and a recorded run with the old name
+fails the views' test); the run summary and the report still name some of them as literals.
 
 Bridge logs its own numbers into the same W&B run under Bridge's names (`BRIDGE_*`: its training_log and Megatron
 Core's MoE tracker, at the same iteration as vlmtrain's row of that step).

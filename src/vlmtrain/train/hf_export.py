@@ -27,7 +27,7 @@ import copy
 import shutil
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -128,6 +128,9 @@ def hf_checkpoint_of(run: RunConfig, hf_path: str | None) -> None:
     checkpoint of the run's model: the export reads its config and processor, and the run's weights map onto it."""
     from vlmtrain.config import hf_checkpoint
 
+    if hf_path and not run.model.hf_path:
+        raise ExportError(f"--hf-path {hf_path}: the run started from no Hugging Face checkpoint (its model.hf_path "
+                          "is unset), so there is none to find: leave --hf-path out")
     path = hf_path or run.model.hf_path
     if not path:
         return
@@ -175,7 +178,7 @@ def staged(out: Path) -> Iterator[Path]:
         raise
 
 
-def hf_side(run: RunConfig, out: Path, say=print) -> None:
+def hf_side(run: RunConfig, out: Path, say: Callable[[str], None] = print) -> None:
     """Say where the HF config and processor come from; without `model.hf_path`, write vlmtrain's offline
     processor into `out` first (it moves its finished folder into place), for `bridge_for` to read."""
     if run.model.hf_path:

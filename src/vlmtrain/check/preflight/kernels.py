@@ -67,5 +67,5 @@ def te_cross_entropy_fusion(run: RunConfig, res: Resolved) -> str | None:
     return ("kernels.cross_entropy=te: Megatron Core's warning that TE's fused cross entropy \"has known stability "
             "issues\" is about TE's older kernel, which kept the logits' gradient in BF16; TE 2.20.2 computes it in "
             "FP32 (4 bytes per logit against native's 10). It matched Megatron's native cross entropy within 3.1e-4 "
-            "over 8 steps (results/perf_h200x2.jsonl, docs/running.md#fast-defaults); no longer run compared them. "
-            "kernels=fast kernels.cross_entropy=native follows Megatron's advice.")
+            "over 8 steps (results/perf_h200x2.jsonl, docs/running.md#fast-defaults); no longer run has compared "
+            "them. kernels=fast kernels.cross_entropy=native follows Megatron's advice.")

@@ -49,7 +49,7 @@ CASES = [
     Case("235b-l1_realistic", 1, SHAPE_235B, exclusive=True),
     # the kernels group on Qwen3.5: CUTLASS experts, fused router, TE cross entropy and RoPE, host ViT positions
     Case("qwen35-l4_kernels-fast", 1, [*SHAPE_35, "kernels=fast"]),
-    Case("qwen35-l4_packing_refused", 1, [*SHAPE_35, "data.packing=8192"], expect_rc=1,
+    Case("qwen35-l4_packing_refused", 1, [*SHAPE_35, "data.packing=8192"], expect_rc=2,
          expect={"message": "qwen35_packing_unverified"}),
 ]
 """One GPU each; `exclusive` ones run alone, the rest side by side; a `multirun` one is a `-m` sweep, checked by its
@@ -59,8 +59,7 @@ max_first_step_s."""
 
 def overrides(case: Case, inputs: Path) -> list[str]:
     """The case's train.py overrides (one GPU, no W&B upload; `-m` for a sweep is runner's). A sweep leaves
-    gpus_per_node unset, as a user does: its preflight must count this node's GPUs (the sweep recorded on
-    2026-12-01 still set gpus_per_node=1)."""
+    gpus_per_node unset, as a user does: its preflight must count this node's GPUs."""
     world = [] if case.multirun else [f"gpus_per_node={case.gpus}"]
     return [*cases.with_inputs(case.overrides, inputs), *world, "wandb.enabled=false"]
 

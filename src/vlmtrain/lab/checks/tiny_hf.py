@@ -71,4 +71,3 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 def run(a: argparse.Namespace) -> int:
     print(build(a.family, a.out, a.num_layers, a.dtype))
     return 0
-

@@ -47,6 +47,8 @@ from vlmtrain.lab.cases import Case
 from vlmtrain.lab.checks import resume, tiny_hf
 from vlmtrain.lab.runner import ROOT
 
+Emit = Callable[[str, str, dict[str, Any]], None]
+"""emit(check, command, metrics): writes a check's row (writer)."""
 LAYERS = 4
 STEPS = 8
 SAVE_INTERVAL = 4
@@ -147,7 +149,7 @@ def needed(checks: tuple[str, ...]) -> dict[str, bool]:
             "c": bool(on & {"export_fsdp", "reload_fsdp", "frozen_fsdp"})}
 
 
-def family_checks(family: str, work: Path, gpu: int, emit, checks: tuple[str, ...] = CHECKS) -> None:
+def family_checks(family: str, work: Path, gpu: int, emit: Emit, checks: tuple[str, ...] = CHECKS) -> None:
     """The steps of the module docstring for one family that `checks` (names of CHECKS) rest on; a step another
     rests on (an export) writes its row too. `emit(check, command, metrics)` writes a row."""
     shutil.rmtree(work, ignore_errors=True)  # a left-over checkpoint dir would make a run resume
@@ -176,7 +178,7 @@ def training(work: Path, model: list[str]) -> dict[str, Case]:
             "c": run("c", "fsdp", SAVE_INTERVAL)}
 
 
-def checks_3d(work: Path, hf: Path, option: str, runs: dict[str, Case], gpu: int, emit,
+def checks_3d(work: Path, hf: Path, option: str, runs: dict[str, Case], gpu: int, emit: Emit,
               checks: tuple[str, ...]) -> None:
     """Steps 3-7: runs A and B (resume), export, reload, frozen, parity of the trained model."""
     need, a_args, b_args = needed(checks), runs["a"].overrides, runs["b"].overrides
@@ -209,7 +211,7 @@ def kill_and_resume(b: Case, work: Path, gpu: int) -> dict[str, Any]:
             "rc_resumed": resume.launch(b.overrides, work / "b_resumed", gpu).wait()}
 
 
-def checks_fsdp(work: Path, hf: Path, c: Case, gpu: int, emit, checks: tuple[str, ...]) -> None:
+def checks_fsdp(work: Path, hf: Path, c: Case, gpu: int, emit: Emit, checks: tuple[str, ...]) -> None:
     """Step 8: run C on Megatron-FSDP, then export, reload and frozen on its fsdp_dtensor checkpoint."""
     c_args = c.overrides
     rc_c = resume.launch(c_args, work / "c", gpu).wait()
@@ -220,7 +222,8 @@ def checks_fsdp(work: Path, hf: Path, c: Case, gpu: int, emit, checks: tuple[str
     export_checks(work, "c", "_fsdp", hf, gpu, emit, checks)
 
 
-def export_checks(work: Path, run: str, suffix: str, hf: Path, gpu: int, emit, checks: tuple[str, ...]) -> Path | None:
+def export_checks(work: Path, run: str, suffix: str, hf: Path, gpu: int, emit: Emit,
+                  checks: tuple[str, ...]) -> Path | None:
     """`vlmtrain export` of run dir `run`, then reload and frozen (those asked) on its output (rows export<suffix>,
     ...); the export dir, or None when the command failed."""
     export = work / f"export{suffix}"
@@ -239,7 +242,7 @@ def export_checks(work: Path, run: str, suffix: str, hf: Path, gpu: int, emit, c
 
 
 def writer(results: Path, family: str, driver: str, verdicts: list[bool],
-           commit: str) -> Callable[[str, str, dict], None]:
+           commit: str) -> Emit:
     """`emit(check, command, metrics)`: appends the family's row for `check` with `wall_s` (seconds since its
     previous row, or since this writer was made) and the commit checked, prints it and keeps its verdict."""
     since = time.monotonic()
