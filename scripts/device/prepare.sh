@@ -16,7 +16,9 @@ OUT=${DEVICE_OUT:-.device}
 DL=$OUT/cache
 CACHE=${DEVICE_CACHE:-$DL}
 PY=${PYTHON312:-$root/.venv/bin/python}
-MAX=$((58 * 1024 * 1024))   # one device call carries at most 64 MiB, working tree included
+# One device call carries at most 64 MiB, working tree included: a folder gets what the tree leaves, less 2 MiB.
+TREE=$(git ls-files -z --cached --others --exclude-standard | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)
+MAX=$(((62 * 1024 * 1024 - TREE) / 1048576 * 1048576))
 mkdir -p "$DL"
 # Keep the output out of git (and so out of every device call's working tree) when it lies in the checkout.
 git check-ignore -q "$OUT/x" 2>/dev/null || case $(realpath "$OUT") in "$root"/*)
@@ -115,7 +117,7 @@ for f in "${files[@]}"; do
   cp "$f" "$OUT/deps$n/"; size=$((size + s))
 done
 core=$(tefile "transformer_engine_cu13-$TE-*.whl")
-split -b 56M -d "$core" "$OUT/$(basename "$core").part"   # install.sh joins NAME.whl.partNN back into NAME.whl
+split -b "$MAX" -d "$core" "$OUT/$(basename "$core").part"   # install.sh joins NAME.whl.partNN back into NAME.whl
 i=1; for p in "$OUT"/*.whl.part[0-9]*; do mkdir -p "$OUT/te$i"; mv "$p" "$OUT/te$i/"; i=$((i + 1)); done
 # Every folder carries the list of all of them (folder, file, bytes): install.sh names what was not staged.
 (cd "$OUT" && for f in te[0-9]*/* deps[0-9]*/*; do
