@@ -168,7 +168,11 @@ def sums(x: Any, y: Any) -> dict[str, float]:
 
 def rel_l2(ref: Any, got: Any) -> float:
     """||got - ref|| / ||ref||, in float64."""
-    s = sums(ref, got)
+    return rel_l2_of(sums(ref, got))
+
+
+def rel_l2_of(s: dict[str, float]) -> float:
+    """||y - x|| / ||x|| of sums()' two sides."""
     return (s["dd"] / s["xx"]) ** 0.5
 
 
@@ -189,7 +193,7 @@ def compare(ref: Any, got: Any, ref32: Any | None = None, control: Any | None = 
            "tokens": int(ref.shape[0]), "cosine_min": COSINE_MIN, "max_abs_rel": MAX_ABS_REL}
     if ref32 is not None:
         s32 = sums(ref32, got)
-        floor, dist, c32 = rel_l2(ref32, ref), (s32["dd"] / s32["xx"]) ** 0.5, cosine_of(s32)
+        floor, dist, c32 = rel_l2(ref32, ref), rel_l2_of(s32), cosine_of(s32)
         within = dist <= NOISE_X * floor
         out |= {"ref_bf16_rel_l2": floor, "rel_l2_vs_fp32": dist, "cosine_vs_fp32": c32, "noise_x": NOISE_X,
                 "within_noise": within, "passed_max_abs_rule": passed}

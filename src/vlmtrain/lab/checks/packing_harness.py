@@ -141,6 +141,7 @@ class Harness:
 
         from vlmtrain.launch import local
         from vlmtrain.train import trainer
+        from vlmtrain.train.unwrap import unwrap
 
         self.run, res = local.loaded(run_config)
         cfg, self.patched = trainer.build(self.run, res)
@@ -149,9 +150,7 @@ class Harness:
         self.state.cfg = cfg
         out = setup(self.state, get_dataset_provider(cfg.dataset))
         self.state, self.model, self.optimizer = out.state, out.model[0], out.optimizer
-        self.core = self.model
-        while hasattr(self.core, "module"):
-            self.core = self.core.module
+        self.core = unwrap(self.model)
         tc = self.core.config
         assert not tc.hidden_dropout and not tc.attention_dropout, "dropout would make the two passes differ"
         self.alone, self.packed = datasets(cfg.dataset)
