@@ -117,8 +117,8 @@ def test_the_same_command_trains_about_the_same_samples_per_step_on_every_card(h
     defaults pack (H200, H100: the rows that carry as many), where a packed GBS counting rows trained ~13x more;
     the plan says how many."""
     run, res = placed(*H1[:-2], f"hardware={hardware}", "gpus_per_node=1")
-    per_step = run.train.global_batch_size * prepare.lengths(run).samples_per_row(res.packing_capacity,
-                                                                                  res.pack_align)
+    lengths = prepare.lengths(run)
+    per_step = run.train.global_batch_size * len(lengths.train) / lengths.rows(res.packing_capacity, res.pack_align)[0]
     assert 0.75 * 8 <= per_step <= 1.25 * 8, (hardware, res.packing_capacity, run.train.global_batch_size)
     text = plan.batch_text(run, res)
     assert text.startswith(f"~{per_step:.1f} samples per step" if res.packing_capacity else "8 samples per step")

@@ -65,7 +65,7 @@ def batch_text(run: RunConfig, res: Resolved) -> str:
     if lengths is None or lengths.longest > cap:
         return f"{gbs} packed rows per step (the samples they hold: the data stage's bins)"
     rows = lengths.rows(cap, res.pack_align)[0]
-    per_row = lengths.samples_per_row(cap, res.pack_align)
+    per_row = len(lengths.train) / rows
     counted = ("train.global_batch_size settled from the command's samples per step to rows (auto)" if
                any(a.option == "train.global_batch_size" for a in res.auto) else
                "train.global_batch_size counts rows (data.packing set)")

@@ -15,6 +15,7 @@ the -m sweeper and the tuner's candidates take.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import TYPE_CHECKING
 
@@ -128,8 +129,7 @@ def _kernels(run: RunConfig, three_d: bool) -> list[Auto]:
     if not k.auto:
         return []
     k.auto = False
-    fast = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(KernelsConfig),
-                                               OmegaConf.load(CONF_DIR / "kernels" / "fast.yaml")))
+    fast = _fast_kernels()
     hw = run.hardware
     sm90, on = hw.sm_major == SM90, f"hardware={hw.name} (SM {hw.sm_major}.{hw.sm_minor})"
     wanted: dict[str, tuple[object, str | None]] = {
@@ -157,6 +157,13 @@ def _kernels(run: RunConfig, three_d: bool) -> list[Auto]:
         out.append(Auto(f"kernels.{name}", str(value).lower() if isinstance(value, bool) else str(value),
                         f"proven for model={run.model.name} on {on} (docs/measurements.md)"))
     return out
+
+
+@functools.cache
+def _fast_kernels() -> KernelsConfig:
+    """conf/kernels/fast.yaml's fields, read once per process (every run placed settles kernels=auto; read only)."""
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(KernelsConfig),
+                                               OmegaConf.load(CONF_DIR / "kernels" / "fast.yaml")))
 
 
 def _layout(run: RunConfig) -> list[Auto]:

@@ -41,10 +41,6 @@ class Lengths:
         return (len(bins.greedy_bins(list(self.train), capacity, align=align)),
                 len(bins.greedy_bins(list(self.held_out), capacity, align=align)))
 
-    def samples_per_row(self, capacity: int | None, align: int = 1) -> float:
-        """Training samples per row on average (1 unpacked)."""
-        return len(self.train) / self.rows(capacity, align)[0]
-
 
 def identity(report: Report, source: dict[str, Any]) -> dict[str, Any]:
     """What the samples' lengths depend on: the source, the files the scan read and the checked copy Bridge reads
