@@ -6,11 +6,14 @@
 #   verify35      Qwen3.5 HF round trip, VERIFY_CHECKS of vlmtrain.lab.checks.verification (default parity_import
 #                 parity_trained; a whole family takes three calls: "parity_import parity_trained reload frozen",
 #                 then "resume", then "export_fsdp reload_fsdp frozen_fsdp")
-#   pack35tiny    packing equivalence of tiny Qwen3.5 (Gated DeltaNet + attention, boundaries controls)
+#   pack35tiny    packing equivalence of tiny Qwen3.5 (Gated DeltaNet + attention, boundaries controls); its row is
+#                 rewritten after every measured state, the case stops at BUDGET_S (default 540)
 #   pack35h2l2    packing equivalence at H2's layer shapes, 2 layers (one Gated DeltaNet, one attention)
 #   verify3vl     verify35's checks for Qwen3-VL-MoE (the same checkpoint builder, its 1-D weights spread)
 #   h2l2 SWEEP    a sweep of conf/tune/perf_h100.yaml (Qwen3.5 shapes at 2 layers, each lever alone against the
-#                 defaults, runs alternating, 3 each); a call stops before 540 s, and the same step resumes it
+#                 defaults, runs alternating, 3 each); a call stops before BUDGET_S (540), the same step resumes it
+#   profile_ab    h2l2 unprofiled, then with train.profile_step=6 (PROFILE_EXTRA: e.g. train.profile_stacks=true):
+#                 how much the profiler stretches the profiled step and the others
 set -uo pipefail
 step=${1:?usage: steps.sh STEP}
 export PYTHONPATH=/tmp/site:$PWD/src NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -31,7 +34,7 @@ case $step in
     ;;
   pack35tiny|pack35h2l2)
     case=$([ "$step" = pack35tiny ] && echo tiny-qwen35_kernels-default || echo h2-shape-l2-gdn-attn_kernels-default)
-    timeout 570 python3 -m vlmtrain.cli lab packing-equivalence --only "$case" \
+    timeout 590 python3 -m vlmtrain.cli lab packing-equivalence --only "$case" --budget-s "${BUDGET_S:-540}" \
       --results "$OUT/packing_equivalence.jsonl"
     rc=$?
     logs "outputs/packing_equivalence/$case"
@@ -39,11 +42,17 @@ case $step in
   h2l2)
     sweep=${2:?usage: steps.sh h2l2 SWEEP}
     mkdir -p /tmp/keep && touch /tmp/keep/perf.jsonl && cp /tmp/keep/perf.jsonl "$OUT/perf_h200.jsonl"
-    timeout 570 python3 -m vlmtrain.cli sweep perf_h100 --sweep "$sweep" --budget-s 540 \
+    timeout 590 python3 -m vlmtrain.cli sweep perf_h100 --sweep "$sweep" --budget-s "${BUDGET_S:-540}" \
       --results "$OUT/perf_h200.jsonl" --out /tmp/runs
     rc=$?
     cp "$OUT/perf_h200.jsonl" /tmp/keep/perf.jsonl
     logs /tmp/runs
+    ;;
+  profile_ab)
+    timeout 590 python3 -m vlmtrain.cli lab profile-step --spec perf_h100 --case h2l2 --step 6 --ab 1 \
+      --extra ${PROFILE_EXTRA:-} --results "$OUT/profile_h100.jsonl" --out /tmp/prof
+    rc=$?
+    logs /tmp/prof
     ;;
   *) echo "unknown step $step"; exit 2;;
 esac

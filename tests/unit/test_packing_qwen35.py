@@ -19,7 +19,7 @@ from vlmtrain.config import architecture as arch
 from vlmtrain.config.resolve import resolve
 from vlmtrain.lab.checks import packing_equivalence
 from vlmtrain.lab.checks.packing_gdn_control import gdn_whole_row, without_packing
-from vlmtrain.lab.checks.packing_verdict import CE_MEAN_TOL_NATS, CONTROL_MARGIN, verdict
+from vlmtrain.lab.checks.packing_verdict import CONTROL_MARGIN, ROUNDING_MARGIN, verdict
 
 QWEN35 = ("model=tiny_qwen35", "preflight.ignore=[qwen35_packing_unverified]")  # the proof's own batches
 
@@ -68,20 +68,28 @@ def test_gdn_control_drops_the_boundaries() -> None:
         pass
 
 
-def _state(steps: int, ce: float, gdn: float) -> dict[str, Any]:
-    return {"trained_steps": steps, "ce_mean_abs_diff_nats": ce, "ce_p99_abs_diff_nats": 0.03, "grad_cosine": 0.999,
-            "control_ce_mean_abs_diff_nats_positions": 0.2, "control_ce_mean_abs_diff_nats_boundaries": 0.3,
-            "control_ce_mean_abs_diff_nats_gdn_boundaries": gdn}
+def _state(steps: int, ce: float, gdn: float, floor: float = 0.001) -> dict[str, Any]:
+    return {"trained_steps": steps, "ce_mean_abs_diff_nats": ce, "ce_mean_abs_diff_nats_later_samples": ce,
+            "ce_p99_abs_diff_nats": 0.03, "grad_cosine": 0.999, "control_ce_mean_abs_diff_nats_positions": 0.2,
+            "control_ce_mean_abs_diff_nats_boundaries": 0.3, "control_ce_mean_abs_diff_nats_gdn_boundaries": gdn,
+            "check_ce_mean_abs_diff_nats_whole_row_positions": floor}
 
 
-def test_verdict_needs_the_gdn_control_strong_where_the_comparison_passes() -> None:
-    strong = CONTROL_MARGIN * CE_MEAN_TOL_NATS
-    weak = verdict([_state(0, 0.004, strong / 2)])
-    assert weak["comparison_ok"] and not weak["control_gdn_boundaries_ok"]
-    later = verdict([_state(0, 0.004, strong / 2), _state(40, 0.005, strong)])
+def test_verdict_judges_each_state_against_its_own_rounding_floor() -> None:
+    """The comparison may be ROUNDING_MARGIN x the state's rounding-only difference; a control must miss that by
+    CONTROL_MARGIN at a state where the comparison passes (both from the state's own measurements)."""
+    accepted = ROUNDING_MARGIN * 0.001
+    bar = CONTROL_MARGIN * accepted
+    weak = verdict([_state(0, 0.001, bar * 0.9)])
+    assert weak["comparison_ok"] and not weak["control_gdn_boundaries_ok"] and not weak["passed"]
+    later = verdict([_state(0, 0.001, bar * 0.9), _state(40, 0.0, bar)])
     assert later["control_gdn_boundaries_ok"] and later["control_gdn_boundaries_strong_at_trained_steps"] == 40
-    failing = verdict([_state(0, 2 * CE_MEAN_TOL_NATS, strong)])
-    assert not failing["comparison_ok"] and not failing["control_gdn_boundaries_ok"]
+    assert later["passed"]
+    failing = verdict([_state(0, accepted * 1.1, 1.0)])  # within the fixed 0.01 nats, but 3.3x the rounding floor
+    assert failing["comparison_ok"] is False and not failing["control_gdn_boundaries_ok"]
+    noisy = verdict([_state(0, 0.0, bar, floor=0.002)])  # the same control at a noisier state is weak
+    assert not noisy["control_gdn_boundaries_ok"]
+    assert verdict([_state(0, 0.02, 1.0, floor=0.01)])["comparison_ok"] is False  # the fixed tolerance still holds
     assert "control_gdn_boundaries_ok" not in verdict([{k: v for k, v in _state(0, 0.0, 1.0).items()
                                                         if "gdn" not in k}])
 
@@ -102,3 +110,26 @@ def test_qwen35_cases_compose_past_preflight(compose: Callable[..., Any], case: 
     run = compose(*case.overrides)  # the harness packs, not the run
     assert run.model.family == "qwen35_vl"
     assert not preflight.errors(preflight.check(run, resolve(run)))
+
+
+def test_driver_rewrites_its_row_after_each_state(tmp_path: Any) -> None:
+    """A case's row is written after every state the rank measures, in place of the one it wrote before, beside
+    other rows: a driver killed mid-case leaves one row holding every state so far (complete: false)."""
+    import json
+
+    results, result = tmp_path / "packing_equivalence.jsonl", tmp_path / "equivalence.json"
+    results.write_text(json.dumps({"name": "earlier"}) + "\n")
+    at = results.stat().st_size
+    args = ("tiny-qwen35_kernels-default", "cmd", "abc1234", ["model=tiny_qwen35"], result)
+    packing_equivalence._write(results, at, *args, rc=None)  # the rank has measured nothing yet
+    for n in (1, 2):
+        history = [_state(40 * i, 0.0, 0.01) for i in range(n)]
+        result.write_text(json.dumps({"metrics": {"trained_steps": history[-1]["trained_steps"], **verdict(history)},
+                                      "history": history}))
+        packing_equivalence._write(results, at, *args, rc=None)
+    rows = [json.loads(line) for line in results.read_text().splitlines()]
+    assert [r["name"] for r in rows] == ["earlier", "packing-equivalence_tiny-qwen35_kernels-default"]
+    assert len(rows[1]["history"]) == 2 and rows[1]["complete"] is False and rows[1]["metrics"]["rc"] is None
+    final = packing_equivalence._write(results, at, *args, rc=0)
+    rows = [json.loads(line) for line in results.read_text().splitlines()]
+    assert len(rows) == 2 and rows[1]["complete"] is True and final["rc"] == 0 and final["passed"]

@@ -1,10 +1,13 @@
 """Where one profiled training step's GPU time went, from the chrome trace Bridge's PyTorch profiler writes
-(`train.profile_step=N`: rank 0, Python call stacks on, `<run dir>/torch_profile/rank-0.json.gz`).
+(`train.profile_step=N`: rank 0, `<run dir>/torch_profile/rank-0.json.gz`).
 
 The component timers (observe.timing) say which tower a step's time belongs to; this says what inside it: GPU busy
-time (union of kernels on all streams) vs the profiled window, kernel time by family, by name and by the Python code
-that launched it, and GPU idle gaps attributed to what the launching thread was inside while the GPU ran dry
-(host-bound code shows up there). `vlmtrain profile <run dir>` prints it and writes profile_summary.json.
+time (union of kernels on all streams) vs the profiled window, kernel time by family, by name and by the code that
+launched it, and GPU idle gaps attributed to what the launching thread was inside while the GPU ran dry
+(host-bound code shows up there). "The code" is the Python frames where the trace has them
+(`train.profile_stacks=true`), else the host's op events (aten ops, TE and Megatron's record_function ranges), which
+the profiler records at a fraction of the cost. `vlmtrain profile <run dir>` prints it and writes
+profile_summary.json.
 """
 
 from __future__ import annotations
@@ -92,9 +95,11 @@ def summarize_trace(trace: dict[str, Any], top: int = 25) -> dict[str, Any]:
     if not gpu:
         raise SystemExit("no GPU events in the trace (was the profiled step on a CUDA rank?)")
     launches = {e["args"].get("correlation"): e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")}
+    # the launching code: Python frames where recorded (train.profile_stacks), else the host's op ranges
+    frames_cat = "python_function" if any(e.get("cat") == "python_function" for e in events) else "cpu_op"
     py: dict[Any, list[dict[str, Any]]] = collections.defaultdict(list)
     for e in events:
-        if e.get("cat") == "python_function":
+        if e.get("cat") == frames_cat:
             py[e["tid"]].append(e)
     window_ms = (max(e["ts"] + e["dur"] for e in gpu) - gpu[0]["ts"]) / 1e3
     busy_ms, gaps = union_ms((e["ts"], e["ts"] + e["dur"]) for e in gpu)
@@ -134,6 +139,7 @@ def summarize_trace(trace: dict[str, Any], top: int = 25) -> dict[str, Any]:
         "top_kernels_ms": rounded(by_name),
         "kernel_ms_by_python_site": rounded(by_site),
         "idle_ms_by_python_site": rounded(idle_by_site),
+        "sites_from": "python_stacks" if frames_cat == "python_function" else "host_ops",
     }
 
 
@@ -148,8 +154,10 @@ def render(s: dict[str, Any]) -> str:
     lines = [f"[profile] window {s['window_ms']:.1f} ms, GPU busy {s['gpu_busy_ms']:.1f} ms "
              f"({100 * s['gpu_busy_fraction']:.1f} %), idle gaps >= {GAP_MS} ms: {s['idle_gaps']} = "
              f"{s['idle_gaps_ms']:.1f} ms"]
+    code = "the Python code" if s.get("sites_from", "python_stacks") == "python_stacks" else \
+        "the host ops (train.profile_stacks=true: Python frames)"
     for title, key in (("kernel ms by family", "kernel_ms_by_family"), ("top kernels (ms)", "top_kernels_ms"),
-                       ("kernel ms by the Python code that launched them", "kernel_ms_by_python_site"),
+                       (f"kernel ms by {code} that launched them", "kernel_ms_by_python_site"),
                        ("GPU idle ms by what the launching thread was inside", "idle_ms_by_python_site")):
         lines.append(f"[profile] {title}:")
         lines += [f"[profile]   {v:9.2f}  {k}" for k, v in s[key].items()]

@@ -9,6 +9,7 @@
 | lr / min_lr        | optimizer.lr / optimizer.min_lr (cosine, warmup)     |
 | save_interval      | checkpoint.save, .load (checkpoint_dir), .save_interval |
 | profile_step       | profiling (PyTorch profiler), logger.tensorboard_dir  |
+| profile_stacks     | profiling.pytorch_profiler_collect_callstack          |
 | on_nonfinite       | rerun_state_machine.check_for_nan_in_loss, ddp.check_for_nan_in_grad |
 | eval_interval      | validation.eval_interval (null: validation.eval_iters=0, no evaluation) |
 | eval_iters         | validation.eval_iters                                 |
@@ -93,9 +94,12 @@ class TrainConfig:
     checkpoint_dir: str | None = None
     """null = checkpoints/<the command's overrides>, so relaunching the same command resumes the same run."""
     profile_step: int | None = None
-    """Run Bridge's PyTorch profiler on this iteration (rank 0, Python call stacks): the trace lands in
-    <run dir>/torch_profile/ and `vlmtrain profile <run dir>` says where that step's GPU and idle time went. The
-    profiled step runs slower (tracing, then writing the trace). null = no profiler."""
+    """Run Bridge's PyTorch profiler on this iteration (rank 0; CUDA kernels, copies and the host's op and launch
+    events): the trace lands in <run dir>/torch_profile/ and `vlmtrain profile <run dir>` says where that step's GPU
+    and idle time went. null = no profiler."""
+    profile_stacks: bool = False
+    """Also record every op's Python call stack (kernel and idle time by the model code that launched it). Unwinding
+    a stack per op stretches the host side of the profiled step, so its idle gaps are partly the profiler's own."""
     on_nonfinite: OnNonfinite = OnNonfinite.stop
     """stop: a NaN/Inf loss or gradient stops the run at once, naming the step, its samples and the last good
     checkpoint (<run dir>/failure-rank<N>.json). stop_at_step_end: the same stop, from the step's loss and grad norm
@@ -147,4 +151,4 @@ def apply(run: RunConfig, res: Resolved, cfg: ConfigContainer) -> None:
         cfg.logger.tensorboard_dir = f"{run.output_dir}/tensorboard"
         cfg.profiling = ProfilingConfig(use_pytorch_profiler=True, profile_step_start=t.profile_step,
                                         profile_step_end=t.profile_step + 1, profile_ranks=[0],
-                                        pytorch_profiler_collect_callstack=True)
+                                        pytorch_profiler_collect_callstack=t.profile_stacks)

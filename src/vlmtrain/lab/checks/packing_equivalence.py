@@ -22,7 +22,10 @@ own `setup()` build the model and optimizer, and then, in this one rank:
   per-sample positions kept. Each must miss the CE tolerance by CONTROL_MARGIN at some model state where the
   packed-vs-alone comparison passes; at random init attention is nearly uniform and positions barely matter, so
   the model is trained on packed rows (TRAIN_STEPS per round, the real Megatron optimizer, other samples than the
-  compared ones) until both have, within TRAIN_BUDGET_S.
+  compared ones) until both have, or another round would pass the case's budget (`--budget-s`). The bars are the
+  state's own: vlmtrain.lab.checks.packing_verdict says how they are measured.
+- the case's row is written after every measured state and rewritten after the next (one row per run: a run
+  stopped by a time limit keeps what it measured, `complete: false`); at the budget the rank is killed.
 - Qwen3.5 (models with Megatron Core GatedDeltaNet layers) adds the `gdn_boundaries` control: the GDN layers run
   the row as one sequence (no cu_seqlens into FLA's causal conv1d and chunked delta rule, so the conv window and
   the recurrent state cross each boundary) while attention and positions stay per sample
@@ -41,7 +44,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import time
 from pathlib import Path
+from typing import Any
 
 from vlmtrain.lab import cases, experiments, runner, store
 from vlmtrain.lab.cases import Case
@@ -85,10 +90,14 @@ CASES = [
 ]
 
 
-def run_cases(only: list[str] | None, results_path: Path, commit: str) -> int:
+POLL_S = 5.0
+"""How often the driver looks for a newly measured state while the rank runs."""
+
+
+def run_cases(only: list[str] | None, results_path: Path, commit: str, budget_s: float) -> int:
     """Each case in its own one-rank torchrun (Bridge's setup owns the process's global state): compose and place
     as train.py does, preflight, scan the data on CPU, launch `main` on the saved run config as a run's ranks are
-    launched, append its row."""
+    launched, its row written after every state it measures; past `budget_s` the rank is killed."""
     from vlmtrain.check import preflight
     from vlmtrain.data import prepare
 
@@ -100,26 +109,53 @@ def run_cases(only: list[str] | None, results_path: Path, commit: str) -> int:
         run, res = cases.placed_resolved(c.overrides, output_dir=str(run_dir))
         preflight.enforce(run, res)
         prepare.prepare(run, res)
-        ranks = runner.start_ranks(run, res, c.module, log=run_dir / LOG)
+        result = run_dir / harness.RESULT
+        result.unlink(missing_ok=True)
+        os.environ[harness.DEADLINE_ENV] = str(time.time() + budget_s)
+        ranks = runner.start_ranks(run, res, c.module, log=run_dir / LOG, timeout_s=budget_s)
+        at = results_path.stat().st_size if results_path.exists() else 0
+        command = f"{experiments.command(__name__)} --only {name}"
+        seen = None
+        while ranks.poll() is None and ranks.wall_s() < budget_s:
+            time.sleep(POLL_S)
+            if result.exists() and result.stat().st_mtime != seen:
+                seen = result.stat().st_mtime
+                _write(results_path, at, name, command, commit, c.overrides, result, rc=None)
         rc = ranks.wait()
         if rc:
             print(ranks.log.read_text(errors="replace")[-4000:], flush=True)
-        out = json.loads((run_dir / harness.RESULT).read_text()) if (run_dir / harness.RESULT).exists() else {}
-        command = f"{experiments.command(__name__)} --only {name}"
-        store.append(results_path, f"packing-equivalence_{name}", command, {"rc": rc, **out.get("metrics", {})},
-                       commit=commit, overrides=c.overrides, tolerances=out.get("tolerances"),
-                       rows=out.get("rows"), images_per_row=out.get("images_per_row"),
-                       bridge_patches=out.get("bridge_patches"), history=out.get("history"))
-        failed += rc != 0
-        print(f"[equivalence] {name}: rc {rc}", flush=True)
+        out = _write(results_path, at, name, command, commit, c.overrides, result, rc=rc)
+        passed = rc == 0 and out.get("passed", False)
+        failed += not passed
+        print(f"[equivalence] {name}: rc {rc}, {'passed' if passed else 'NOT passed'} after "
+              f"{out.get('trained_steps')} trained steps ({ranks.wall_s():.0f} s)", flush=True)
     return int(failed > 0)
+
+
+def _write(results: Path, at: int, name: str, command: str, commit: str, overrides: list[str], result: Path,
+           rc: int | None) -> dict[str, Any]:
+    """The case's row from the rank's RESULT as it stands, in place of the row this run wrote before (the file
+    cut back to `at`, its size when the case began); returns its metrics. rc None: the rank still runs."""
+    out = json.loads(result.read_text()) if result.exists() else {}
+    results.parent.mkdir(parents=True, exist_ok=True)
+    with results.open("a") as f:
+        f.truncate(at)
+    metrics = {"rc": rc, **out.get("metrics", {})}
+    store.append(results, f"packing-equivalence_{name}", command, metrics, commit=commit, overrides=overrides,
+                 complete=rc is not None, tolerances=out.get("tolerances"), rows=out.get("rows"),
+                 images_per_row=out.get("images_per_row"), bridge_patches=out.get("bridge_patches"),
+                 history=out.get("history"))
+    return metrics
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--only", nargs="*", choices=[c.name for c in CASES], help="case names (default: every case)")
     ap.add_argument("--results", type=Path, default=ROOT / "results" / "packing_equivalence.jsonl")
     ap.add_argument("--commit", default=os.environ.get("VLMTRAIN_COMMIT", "unknown"))
+    ap.add_argument("--budget-s", type=float, default=540.0,
+                    help="wall seconds per case, startup included: no round starts that would end past it, and the "
+                    "rank is killed at it (its row keeps every state measured)")
 
 
 def run(args: argparse.Namespace) -> int:
-    return run_cases(args.only, args.results, args.commit)
+    return run_cases(args.only, args.results, args.commit, args.budget_s)
