@@ -64,3 +64,18 @@ def test_positions_without_sample_boundaries_differ(case: Callable[..., PackedBa
     for i, ((start, end, _), alone) in enumerate(zip(slices, c.alone, strict=True)):
         same = torch.equal(c.positions(one_sequence)[:, 0, start:end], alone.positions)
         assert same == (i == 0), f"cu_seqlens [0, T]: sample {i}"
+
+
+def test_static_row_is_fitted_to_the_compared_rows(data: Callable[..., Data]) -> None:
+    """The GPU check's datasets: its static row is padded past the longest compared row by STATIC_SLACK at least,
+    to a multiple of it, and no longer (a fixed long row's logits did not fit at H2's shapes on 80 GB)."""
+    from packed_batches import ALONE
+
+    from vlmtrain.lab.checks.packing_harness import STATIC_SLACK, datasets, pick_rows
+
+    rows = ((0, 1), (2, 0))
+    alone, packed = datasets(data(*ALONE).cfg.dataset, rows)
+    exs = alone._base_examples
+    lengths = [packed[""].collate_fn([[exs[i] for i in r]])["input_ids"].shape[1] for r in pick_rows(exs, rows)]
+    static = packed["_static"].collate_fn([[exs[i] for i in pick_rows(exs, rows)[0]]])["input_ids"].shape[1]
+    assert static % STATIC_SLACK == 0 and max(lengths) + STATIC_SLACK <= static < max(lengths) + 2 * STATIC_SLACK

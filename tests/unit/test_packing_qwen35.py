@@ -133,3 +133,15 @@ def test_driver_rewrites_its_row_after_each_state(tmp_path: Any) -> None:
     final = packing_equivalence._write(results, at, *args, rc=0)
     rows = [json.loads(line) for line in results.read_text().splitlines()]
     assert len(rows) == 2 and rows[1]["complete"] is True and final["rc"] == 0 and final["passed"]
+
+
+def test_gradient_parts_name_the_layer_and_module() -> None:
+    """The per-part gradient cosine groups Megatron's parameter names by tower, layer and module."""
+    from vlmtrain.lab.checks.packing_harness import part
+
+    assert part("module.vision_model.blocks.3.attn.qkv.weight") == "vision"
+    assert part("module.language_model.decoder.layers.0.self_attention.in_proj.weight") == "layer0.self_attention"
+    assert part("module.language_model.decoder.layers.1.mlp.experts.linear_fc1.weight3") == "layer1.mlp.experts"
+    assert part("module.language_model.decoder.layers.1.mlp.router.weight") == "layer1.mlp.router"
+    assert part("module.language_model.embedding.word_embeddings.weight") == "embedding"
+    assert part("module.language_model.output_layer.weight") == "output_layer"

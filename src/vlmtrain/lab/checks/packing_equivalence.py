@@ -12,10 +12,11 @@ own `setup()` build the model and optimizer, and then, in this one rank:
   the step vlmtrain trains unpacked data with; packed: the samples of a micro-batch as one bin of vlmtrain's
   packed dataset (vlmtrain.data.bins_dataset.BinDataset: Bridge's Qwen collate with `enable_in_batch_packing`), one
   THD row through Bridge's `vlm_step`, the step vlmtrain trains packed data with; with each sample's segment
-  aligned to 1 and to 64 tokens, and as a static row padded to STATIC_CAPACITY. The model computes MRoPE positions
+  aligned to 1 and to 64 tokens, and as a static row (padded past the longest compared row). The model computes MRoPE positions
   from the packed params itself (Bridge's get_rope_index).
 - per-token cross entropy on the loss tokens, packed vs alone, and the cosine of the gradient of the summed loss
-  (every parameter's main_grad), packed vs the sum of the alone ones;
+  (every parameter's main_grad), packed vs the sum of the alone ones, also per part of the model with that part's
+  gradient norm (`grad_by_part`: which part disagrees, and how much of the whole it weighs);
 - controls, forward only, measured on the loss tokens of each row's samples after the first (the only tokens a
   control can change): `positions` permutes each sample's MRoPE positions (all three sections together, fixed
   seed; attention boundaries kept); `boundaries` runs the row as one sequence (cu_seqlens [0, T]) with the
@@ -86,7 +87,9 @@ CASES = [
     case("tiny-qwen35_kernels-default", [*cases.TINY_QWEN35, "kernels=default"]),
     case("h2-shape-l4_kernels-default", [*cases.L4_35, "kernels=default"]),
     case("h2-shape-l4_kernels-fast", [*cases.L4_35, "kernels=fast"]),
-    case("h2-shape-l2-gdn-attn_kernels-default", [*cases.L2_35, "kernels=default"]),
+    # one H100: the precision-aware optimizer's 16-bit remainders (exact) leave room for the training rounds
+    case("h2-shape-l2-gdn-attn_kernels-default", [*cases.L2_35, "kernels=default",
+                                                   "precision.precision_aware_optimizer=true"]),
 ]
 
 

@@ -36,8 +36,12 @@ DEADLINE_ENV = "VLMTRAIN_EQUIVALENCE_DEADLINE"
 """The driver's deadline for this case (Unix time): a round after the first starts only if one as long as the last
 would still end before it (the driver kills the rank at the deadline; RESULT keeps every state measured)."""
 TRAIN_LR = 3e-4
-STATIC_CAPACITY = 12288
-"""The static row's length (data.packing_static): longer than every compared row."""
+ROW_BOUND = 12288
+"""The collate's sequence length for the compared rows: longer than every one of them (nothing is cut)."""
+STATIC_SLACK = 256
+"""The static row (data.packing_static) is the longest compared row plus at least this many padding tokens, rounded
+up to a multiple of it: padded like a static row, and no longer (at H2's shapes on 80 GB, a fixed 12288-token row's
+logits alone did not fit beside the model and optimizer)."""
 PACKINGS = {"": (1, False), "_pad64": (64, False), "_static": (1, True)}
 """Metric suffix -> (per-sample alignment, static row): one GPU's own packing, a CP/FP8-like multiple, a static row."""
 RESULT = "equivalence.json"
@@ -107,6 +111,20 @@ def control_batch(batch: dict[str, Any], kind: str, rope: Callable[..., Any]) ->
     return out
 
 
+def part(name: str) -> str:
+    """The part of the model a parameter belongs to, for the per-part gradient cosine: the ViT, the embedding and
+    output layer, and in each decoder layer its mixer (attention or Gated DeltaNet), norms, router, experts and
+    shared experts."""
+    import re
+
+    if "vision" in name:
+        return "vision"
+    m = re.search(r"decoder\.layers\.(\d+)\.(\w+)(?:\.(experts|router|shared_experts))?", name)
+    if m:
+        return ".".join(x for x in (f"layer{m[1]}", m[2], m[3]) if x)
+    return "embedding" if "embedding" in name else "output_layer" if "output_layer" in name else "other"
+
+
 def abs_diffs(a: list[Any], b: list[Any]) -> list[float]:
     import torch
 
@@ -118,9 +136,10 @@ def p99(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
 
 
-def datasets(dataset_cfg: Any) -> tuple[Any, dict[str, Any]]:
+def datasets(dataset_cfg: Any, rows: tuple[tuple[int, ...], ...] = ROWS_OF_IMAGES) -> tuple[Any, dict[str, Any]]:
     """The run's samples collated alone (Bridge's DirectSFTDataset, padded, as unpacked training collates them) and
-    packed: for each of PACKINGS, a BinDataset whose collate packs the samples it is given as one bin."""
+    packed: for each of PACKINGS, a BinDataset whose collate packs the samples it is given as one bin (the static
+    one at a capacity fitted to the compared rows, STATIC_SLACK)."""
     from megatron.bridge.data.builders.direct_hf_sft import build_direct_hf_sft_split, load_direct_hf_sft_processor
 
     from vlmtrain.data.bins_dataset import BinDataset
@@ -128,8 +147,12 @@ def datasets(dataset_cfg: Any) -> tuple[Any, dict[str, Any]]:
     processor = load_direct_hf_sft_processor(dataset_cfg, None)
     alone = build_direct_hf_sft_split(dataclasses.replace(dataset_cfg, enable_in_batch_packing=False),
                                       dataset_cfg.source, 1, processor)  # the length only bounds indexing
-    packed = {k: BinDataset(alone._base_examples, [], 1, processor, STATIC_CAPACITY, static, align)
-              for k, (align, static) in PACKINGS.items()}
+    examples = alone._base_examples
+    longest = max(BinDataset(examples, [], 1, processor, ROW_BOUND, False, 1).collate_fn([[examples[i] for i in r]])
+                  ["input_ids"].shape[1] for r in pick_rows(examples, rows))
+    static = -(-(longest + STATIC_SLACK) // STATIC_SLACK) * STATIC_SLACK
+    packed = {k: BinDataset(examples, [], 1, processor, static if is_static else ROW_BOUND, is_static, align)
+              for k, (align, is_static) in PACKINGS.items()}
     return alone, packed
 
 
@@ -205,7 +228,10 @@ class Harness:
         return out
 
     def grads(self) -> list[Any]:
-        return [p.main_grad for p in self.model.parameters()
+        return [g for _, g in self.named_grads()]
+
+    def named_grads(self) -> list[tuple[str, Any]]:
+        return [(n, p.main_grad) for n, p in self.model.named_parameters()
                 if p.requires_grad and getattr(p, "main_grad", None) is not None]
 
     def stash_grads(self) -> list[Any]:
@@ -214,12 +240,19 @@ class Harness:
 
         return [g.detach().to(dtype=torch.bfloat16) for g in self.grads()]
 
-    def grad_cosine(self, stash: list[Any]) -> float:
-        dot = a2 = b2 = 0.0
-        for g, s in zip(self.grads(), stash, strict=True):
+    def grad_cosine(self, stash: list[Any]) -> tuple[float, dict[str, dict[str, float]]]:
+        """The cosine of the whole gradient with the stashed one, and per part of the model (part()): its cosine
+        and the stashed gradient's norm, so a disagreement names where it is and how much of the whole it weighs."""
+        sums: dict[str, list[float]] = {}
+        for (name, g), s in zip(self.named_grads(), stash, strict=True):
             g, s = g.detach().float(), s.float()
-            dot, a2, b2 = dot + (g * s).sum().item(), a2 + (s * s).sum().item(), b2 + (g * g).sum().item()
-        return dot / max((a2 * b2) ** 0.5, 1e-30)
+            acc = sums.setdefault(part(name), [0.0, 0.0, 0.0])
+            acc[0] += (g * s).sum().item()
+            acc[1] += (s * s).sum().item()
+            acc[2] += (g * g).sum().item()
+        cos = lambda d, a, b: d / max((a * b) ** 0.5, 1e-30)  # noqa: E731
+        dot, a2, b2 = (sum(v[i] for v in sums.values()) for i in range(3))
+        return cos(dot, a2, b2), {k: {"cosine": cos(*v), "norm": v[1] ** 0.5} for k, v in sums.items()}
 
     def zero(self) -> None:
         self.model.zero_grad_buffer()
@@ -251,15 +284,17 @@ def compare(h: Harness, rows: list[list[int]]) -> dict[str, Any]:
     """The metrics of one model state: packed (each of PACKINGS) vs alone, gradients, and the controls."""
     metrics: dict[str, Any] = {}
     for suffix in PACKINGS:
-        diffs, cos = [], []
+        diffs, cos, by_part = [], [], {}
         try:
-            for row in rows:
+            for i, row in enumerate(rows):
                 h.zero()
                 alone = h.loss_tokens(row, None, backward=True)
                 stash = h.stash_grads()
                 h.zero()
                 packed = h.loss_tokens(row, suffix, backward=True)
-                cos.append(h.grad_cosine(stash))
+                whole, parts = h.grad_cosine(stash)
+                cos.append(whole)
+                by_part[f"row{i}"] = parts
                 del stash
                 diffs += abs_diffs(packed, alone)
         except Exception as e:  # a packing variant this TE build refuses: recorded, the others still measured
@@ -270,6 +305,8 @@ def compare(h: Harness, rows: list[list[int]]) -> dict[str, Any]:
         metrics.update({f"ce_mean_abs_diff_nats{suffix}": statistics.fmean(diffs),
                         f"ce_p99_abs_diff_nats{suffix}": p99(diffs), f"ce_max_abs_diff_nats{suffix}": max(diffs),
                         f"grad_cosine{suffix}": min(cos), f"loss_tokens{suffix}": len(diffs)})
+        if not suffix:
+            metrics["grad_by_part"] = by_part
     h.zero()
     gdn = GDN_CONTROLS if gdn_layers(h.core) else ()
     later: dict[str, list[float]] = {"packed": [], **{k: [] for k in (*CONTROLS, *gdn, *CHECKS)}}
