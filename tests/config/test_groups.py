@@ -283,7 +283,11 @@ TABLE: list[tuple[list[str], dict[str, object]]] = [
     (
         ["train.profile_step=5", "train.iterations=8"],
         {"profiling.use_pytorch_profiler": True, "profiling.profile_step_start": 5, "profiling.profile_step_end": 6,
-         "profiling.profile_ranks": [0], "profiling.pytorch_profiler_collect_callstack": True},
+         "profiling.profile_ranks": [0], "profiling.pytorch_profiler_collect_callstack": False},
+    ),
+    (  # Python stacks only on request: unwinding one per op stretches the profiled step's host side
+        ["train.profile_step=5", "train.iterations=8", "train.profile_stacks=true"],
+        {"profiling.pytorch_profiler_collect_callstack": True},
     ),
     (  # Megatron's fatal NaN/Inf checks (loss per micro-batch, local grads before the DP reduce), no grad scaler
         ["train.on_nonfinite=stop"],

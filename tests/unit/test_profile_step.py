@@ -48,3 +48,31 @@ def test_cli_summarizes_a_run_dir(tmp_path: Path, capsys) -> None:
     proc = subprocess.run([sys.executable, "-m", "vlmtrain.cli", "profile", str(tmp_path)], capture_output=True,
                           text=True, check=True)
     assert proc.stdout.startswith("[profile] window")
+
+
+def test_without_python_stacks_sites_are_the_host_ops() -> None:
+    """A trace without Python frames (train.profile_stacks=false, the default) attributes kernels and idle gaps to
+    the host's op ranges on the launching thread instead, and says so."""
+    trace = profile.read_trace(SLICE)
+    trace["traceEvents"] = [e for e in trace["traceEvents"] if e.get("cat") != "python_function"]
+    s = profile.summarize_trace(trace)
+    assert s["sites_from"] == "host_ops" and profile.summarize_trace(profile.read_trace(SLICE))["sites_from"] == \
+        "python_stacks"
+    ops = {e["name"] for e in trace["traceEvents"] if e.get("cat") in ("cpu_op", "user_annotation")} | {"(no host op)"}
+    assert all(part in ops for site in s["idle_ms_by_python_site"] for part in site.split(" < "))
+    assert next(iter(s["idle_ms_by_python_site"])) != "(no host op)"  # the largest idle share has an op open
+    assert "the host ops" in profile.render(s)
+
+
+def test_ab_stretch_reads_the_profiled_step_and_the_others(tmp_path: Path) -> None:
+    """lab profile-step --ab: Bridge records iteration N counted from 1 (metrics step N - 1); the other steady
+    steps and the unprofiled run's median steady step are its references."""
+    from vlmtrain.lab.profile_step import stretch
+
+    for name, times in (("plain", [9, 9, 9, 1.0, 1.2, 1.1, 1.0, 1.1]), ("prof", [9, 9, 9, 1.1, 1.2, 1.5, 1.3, 1.1])):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.jsonl").write_text(
+            "".join(json.dumps({"step": i, "step_s": t}) + "\n" for i, t in enumerate(times)))
+    s = stretch(tmp_path / "prof", tmp_path / "plain", 6)
+    assert s["profiled_step_s"] == 1.5 and s["unprofiled_step_s"] == 1.1 and s["other_steps_s"] == 1.15
+    assert abs(s["profiled_step_ratio"] - 1.5 / 1.1) < 1e-9

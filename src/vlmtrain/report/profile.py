@@ -82,9 +82,9 @@ def _stacks_at(py_events: list[dict[str, Any]], queries: list[float]) -> list[li
     return out
 
 
-def site(frames: list[str], depth: int = 3) -> str:
+def site(frames: list[str], depth: int = 3, none: str = "(no Python frame)") -> str:
     """The innermost `depth` frames that are not loop/plumbing frames: where in the model code something ran."""
-    return " < ".join([f for f in frames if not GENERIC.search(f)][:depth]) or "(no Python frame)"
+    return " < ".join([f for f in frames if not GENERIC.search(f)][:depth]) or none
 
 
 def summarize_trace(trace: dict[str, Any], top: int = 25) -> dict[str, Any]:
@@ -96,10 +96,12 @@ def summarize_trace(trace: dict[str, Any], top: int = 25) -> dict[str, Any]:
         raise SystemExit("no GPU events in the trace (was the profiled step on a CUDA rank?)")
     launches = {e["args"].get("correlation"): e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")}
     # the launching code: Python frames where recorded (train.profile_stacks), else the host's op ranges
-    frames_cat = "python_function" if any(e.get("cat") == "python_function" for e in events) else "cpu_op"
+    stacks = any(e.get("cat") == "python_function" for e in events)
+    frames_cats, none = ({"python_function"}, "(no Python frame)") if stacks else \
+        ({"cpu_op", "user_annotation"}, "(no host op)")
     py: dict[Any, list[dict[str, Any]]] = collections.defaultdict(list)
     for e in events:
-        if e.get("cat") == frames_cat:
+        if e.get("cat") in frames_cats:
             py[e["tid"]].append(e)
     window_ms = (max(e["ts"] + e["dur"] for e in gpu) - gpu[0]["ts"]) / 1e3
     busy_ms, gaps = union_ms((e["ts"], e["ts"] + e["dur"]) for e in gpu)
@@ -124,10 +126,10 @@ def summarize_trace(trace: dict[str, Any], top: int = 25) -> dict[str, Any]:
     for tid, qs in queries.items():
         for (kind, i, _), frames in zip(qs, _stacks_at(py.get(tid, []), [q for *_, q in qs]), strict=True):
             if kind == "kernel":
-                by_site[site(frames, 2)] += gpu[i]["dur"] / 1e3
+                by_site[site(frames, 2, none)] += gpu[i]["dur"] / 1e3
             else:
                 s, e, _ = long_gaps[i]
-                idle_by_site[site(frames)] += (e - s) / 1e3
+                idle_by_site[site(frames, none=none)] += (e - s) / 1e3
     rounded = lambda c: {k: round(v, 2) for k, v in c.most_common(top)}  # noqa: E731
     return {
         "window_ms": window_ms,
@@ -139,7 +141,7 @@ def summarize_trace(trace: dict[str, Any], top: int = 25) -> dict[str, Any]:
         "top_kernels_ms": rounded(by_name),
         "kernel_ms_by_python_site": rounded(by_site),
         "idle_ms_by_python_site": rounded(idle_by_site),
-        "sites_from": "python_stacks" if frames_cat == "python_function" else "host_ops",
+        "sites_from": "python_stacks" if stacks else "host_ops",
     }
 
 
