@@ -12,8 +12,8 @@ own `setup()` build the model and optimizer, and then, in this one rank:
   the step vlmtrain trains unpacked data with; packed: the samples of a micro-batch as one bin of vlmtrain's
   packed dataset (vlmtrain.data.bins_dataset.BinDataset: Bridge's Qwen collate with `enable_in_batch_packing`), one
   THD row through Bridge's `vlm_step`, the step vlmtrain trains packed data with; with each sample's segment
-  aligned to 1 and to 64 tokens, and as a static row (padded past the longest compared row). The model computes MRoPE positions
-  from the packed params itself (Bridge's get_rope_index).
+  aligned to 1 and to 64 tokens, and as a static row (padded past the longest compared row). The model computes
+  MRoPE positions from the packed params itself (Bridge's get_rope_index).
 - per-token cross entropy on the loss tokens, packed vs alone, and the cosine of the gradient of the summed loss
   (every parameter's main_grad), packed vs the sum of the alone ones, also per part of the model with that part's
   gradient norm (`grad_by_part`: which part disagrees, and how much of the whole it weighs);
