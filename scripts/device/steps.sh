@@ -2,18 +2,22 @@
 # The GPU steps still to run, by name, on the GPU machine after `scripts/device/install.sh` (docs/architecture.md,
 # "Testing on a GPU"); each writes its rows and a tarball of its logs under $OUT, which the call brings back.
 #   VLMTRAIN_COMMIT=<sha> bash scripts/device/steps.sh STEP
-# Steps, in the order a fresh machine should run them (each fits one 10-minute call on one H100):
+# The steps, in the order to run them from the head whenever a GPU is at hand (each fits one 10-minute call on one
+# H100; minutes as measured on one, 2026-12-07, machine run boot-ee033fa5, after install.sh's ~70 s):
+#   pack35tiny    packing equivalence of tiny Qwen3.5 (Gated DeltaNet + attention, boundaries controls); its row is
+#                 rewritten after every measured state, the case stops at BUDGET_S (default 540). Passed: 6.2 min
+#                 on a cold kernel cache (one training round)
+#   pack35h2l2    packing equivalence at H2's layer shapes, 2 layers (one Gated DeltaNet, one attention): 6.8 min to
+#                 its first state on a cold cache; BUDGET_S=540 for a training round after it
+#   h2l2 SWEEP    a sweep of conf/tune/perf_h100.yaml (Qwen3.5 shapes at 2 layers, each lever alone against the
+#                 defaults, runs alternating, 3 each): about 70 s a run warm, 114 s the first; a call stops before
+#                 BUDGET_S (540) and the same step on the same machine resumes it (h2l2_vit_levers: 12 runs, 2 calls)
+#   profile_ab    h2l2 unprofiled, then with train.profile_step=6 (PROFILE_EXTRA: e.g. train.profile_stacks=true):
+#                 how much the profiler stretches the profiled step and the others; about 3 min warm
 #   verify35      Qwen3.5 HF round trip, VERIFY_CHECKS of vlmtrain.lab.checks.verification (default parity_import
 #                 parity_trained; a whole family takes three calls: "parity_import parity_trained reload frozen",
-#                 then "resume", then "export_fsdp reload_fsdp frozen_fsdp")
-#   pack35tiny    packing equivalence of tiny Qwen3.5 (Gated DeltaNet + attention, boundaries controls); its row is
-#                 rewritten after every measured state, the case stops at BUDGET_S (default 540)
-#   pack35h2l2    packing equivalence at H2's layer shapes, 2 layers (one Gated DeltaNet, one attention)
+#                 then "resume", then "export_fsdp reload_fsdp frozen_fsdp"; about 20 min of calls per family)
 #   verify3vl     verify35's checks for Qwen3-VL-MoE (the same checkpoint builder, its 1-D weights spread)
-#   h2l2 SWEEP    a sweep of conf/tune/perf_h100.yaml (Qwen3.5 shapes at 2 layers, each lever alone against the
-#                 defaults, runs alternating, 3 each); a call stops before BUDGET_S (540), the same step resumes it
-#   profile_ab    h2l2 unprofiled, then with train.profile_step=6 (PROFILE_EXTRA: e.g. train.profile_stacks=true):
-#                 how much the profiler stretches the profiled step and the others
 set -uo pipefail
 step=${1:?usage: steps.sh STEP}
 export PYTHONPATH=/tmp/site:$PWD/src NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
