@@ -26,15 +26,14 @@ class Calibration:
     """Achieved share of the decoder GEMMs' peak by its dense GEMMs (attention, shared expert, router, logits) and
     attention core."""
     expert_fraction: float
-    """Achieved share of the decoder GEMMs' peak by the routed experts, one GEMM per local expert on streams
-    (kernels.moe_grouped_gemm=multistream)."""
-    expert_cutlass_fraction: float
-    """The same with TE's one CUTLASS grouped GEMM (kernels.moe_grouped_gemm=cutlass)."""
+    """Achieved share of the decoder GEMMs' peak by the routed experts' GEMMs (either implementation: the same
+    FLOPs; what differs is the fixed time per expert below)."""
     expert_gemm_s: float
-    """Fixed time per local expert, MoE layer and micro-batch with one GEMM per expert (multistream): the
-    per-expert launches and small-GEMM tails of forward, data and weight gradients."""
+    """Fixed time per local expert, MoE layer and micro-batch with one GEMM per expert on streams
+    (kernels.moe_grouped_gemm=multistream): the per-expert launches and small-GEMM tails of forward, data and
+    weight gradients."""
     expert_cutlass_gemm_s: float
-    """The same inside TE's one CUTLASS grouped GEMM (cutlass)."""
+    """The same inside TE's one CUTLASS grouped GEMM (kernels.moe_grouped_gemm=cutlass)."""
     hbm_fraction: float
     """Achieved share of the HBM bandwidth by the optimizer's update (read and write of its state)."""
     layer_host_s: float

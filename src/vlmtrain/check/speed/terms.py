@@ -151,11 +151,10 @@ def compute_s(run: RunConfig, res: Resolved, stage: int, f: StageFlops, cal: Cal
     dec_peak = precision.peak_tflops(run) * 1e12
     vit_peak = dec_peak if run.precision.vision == "quantized" else bf16
     cutlass = run.kernels.moe_grouped_gemm == "cutlass"
-    expert = cal.expert_cutlass_fraction if cutlass else cal.expert_fraction
     local = run.model.num_experts / res.layout.ep if run.model.num_experts else 0
     fixed = local * len(_layers(res, stage)) * (cal.expert_cutlass_gemm_s if cutlass else cal.expert_gemm_s)
-    return (f.vit / (vit_peak * cal.vit_fraction),
-            (f.dense + f.attention) / (dec_peak * cal.dense_fraction) + f.expert / (dec_peak * expert) + fixed)
+    decoder = (f.dense + f.attention) / (dec_peak * cal.dense_fraction) + f.expert / (dec_peak * cal.expert_fraction)
+    return f.vit / (vit_peak * cal.vit_fraction), decoder + fixed
 
 
 def tokens_per_rank(res: Resolved, w: Workload) -> float:
