@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from vlmtrain.check.speed import step
 from vlmtrain.check.speed.calibration import Calibration, load
 from vlmtrain.check.speed.step import SPEED_JSON, TERMS, StepTime, predict, render, save
 from vlmtrain.check.speed.workload import Workload, planned
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
     from vlmtrain.config.schema import RunConfig
 
 __all__ = ["SPEED_JSON", "TERMS", "Calibration", "StepTime", "Workload", "load", "planned", "predict", "predicted",
-           "render", "save"]
+           "render", "save", "step"]
 
 
 def predicted(run: RunConfig, res: Resolved) -> StepTime:

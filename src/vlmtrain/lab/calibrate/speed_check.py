@@ -135,7 +135,9 @@ def groups(paths: list[Path]) -> list[Group]:
             kind = gpu_kind(r["machine"])
             key = json.dumps([sorted(ov), kind])
             if key not in out:
-                out[key] = Group(f"{r['name']} [{kind}]", r["command"], ov, kind, r["date"], [])
+                name = f"{r['name']} [{kind}]"
+                taken = sum(g.name.startswith(name) for g in out.values())
+                out[key] = Group(f"{name} ({taken + 1})" if taken else name, r["command"], ov, kind, r["date"], [])
             out[key].runs.append(r)
     return list(out.values())
 
