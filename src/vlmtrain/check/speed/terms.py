@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from vlmtrain.config.groups.hardware import HardwareConfig
     from vlmtrain.config.resolve import Resolved
     from vlmtrain.config.schema import RunConfig
+    from vlmtrain.config.world import Layout
 
 BF16 = 2
 GB = 1e9
@@ -60,9 +61,14 @@ def microbatches(res: Resolved) -> int:
     return max(res.grad_accum, 1)
 
 
-def link_bw(hw: HardwareConfig, span: int) -> float:
+def domain_size(hw: HardwareConfig, lay: Layout) -> int:
+    """GPUs one NVLink domain holds for this world: the hardware group's (multi-node NVLink), else one node's."""
+    return hw.nvlink_domain_size if hw.mnnvl else min(hw.nvlink_domain_size, lay.gpus_per_node)
+
+
+def link_bw(hw: HardwareConfig, lay: Layout, span: int) -> float:
     """Achieved bytes/s of a ring over `span` consecutive ranks: NVLink inside the domain, the NIC beyond it."""
-    if span <= hw.nvlink_domain_size:
+    if span <= domain_size(hw, lay):
         return hw.nvlink_gb_per_s * GB * NVLINK_FRACTION
     return hw.scaleout_gb_per_s * GB * NIC_FRACTION
 
@@ -173,15 +179,14 @@ def dispatch_bytes(run: RunConfig, res: Resolved, w: Workload) -> tuple[float, f
     if not m.num_experts or lay.ep <= 1:
         return 0.0, 0.0
     sent = tokens_per_rank(res, w) * m.moe_topk * m.hidden_size * BF16
-    domain = lay.ep * lay.etp if hw.mnnvl else min(lay.ep * lay.etp, hw.nvlink_domain_size)
-    in_domain = max(domain // lay.etp, 1)
+    in_domain = max(min(lay.ep * lay.etp, domain_size(hw, lay)) // lay.etp, 1)
     remote = (lay.ep - in_domain) / lay.ep
     local_other = (in_domain - 1) / lay.ep
     network = sent * remote
     domains = lay.ep / in_domain
     if network and run.dispatcher.backend != Backend.alltoall:
         k = m.moe_topk
-        network *= domains * (1 - (1 - 1 / domains) ** k) / k / ((domains - 1) / domains)
+        network *= domains * (1 - (1 - 1 / domains) ** k) / k
     return sent * local_other, network
 
 
@@ -205,7 +210,7 @@ def tensor_parallel_s(run: RunConfig, res: Resolved, w: Workload, stage: int) ->
     lay = res.layout
     if lay.tp <= 1:
         return 0.0
-    bw = link_bw(run.hardware, lay.tp)
+    bw = link_bw(run.hardware, lay, lay.tp)
     full = tokens_per_rank(res, w) * lay.tp * run.model.hidden_size * BF16
     out = TP_COLLECTIVES_PER_LAYER * len(_layers(res, stage)) * ring_s(full, lay.tp, bw)
     if stage == 0 and w.vision:
@@ -243,8 +248,8 @@ def fsdp_s(run: RunConfig, res: Resolved, stage: int, vision: bool) -> float:
     group (experts)."""
     lay, hw = res.layout, run.hardware
     dense, expert = fsdp_bytes(run, res, stage, vision)
-    return (ring_s(dense, lay.dp, link_bw(hw, lay.tp * lay.cp * lay.dp))
-            + ring_s(expert, lay.expert_dp, link_bw(hw, lay.etp * lay.ep * lay.expert_dp)))
+    return (ring_s(dense, lay.dp, link_bw(hw, lay, lay.tp * lay.cp * lay.dp))
+            + ring_s(expert, lay.expert_dp, link_bw(hw, lay, lay.etp * lay.ep * lay.expert_dp)))
 
 
 def fsdp_units(run: RunConfig, res: Resolved, stage: int) -> int:
@@ -260,8 +265,8 @@ def ddp_grad_s(run: RunConfig, res: Resolved, stage: int, vision: bool) -> tuple
         return 0.0, 1
     lay, hw = res.layout, run.hardware
     _, _, t_dense, t_expert = trainable_split(run, res, stage, vision)
-    s = (ring_s(GRAD_BYTES * t_dense, lay.dp, link_bw(hw, lay.tp * lay.cp * lay.dp))
-         + ring_s(GRAD_BYTES * t_expert, lay.expert_dp, link_bw(hw, lay.etp * lay.ep * lay.expert_dp)))
+    s = (ring_s(GRAD_BYTES * t_dense, lay.dp, link_bw(hw, lay, lay.tp * lay.cp * lay.dp))
+         + ring_s(GRAD_BYTES * t_expert, lay.expert_dp, link_bw(hw, lay, lay.etp * lay.ep * lay.expert_dp)))
     return s, buckets(t_dense + t_expert, lay.dp)
 
 
@@ -271,8 +276,8 @@ def ddp_gather_s(run: RunConfig, res: Resolved, stage: int, vision: bool) -> flo
         return 0.0
     lay, hw = res.layout, run.hardware
     _, _, t_dense, t_expert = trainable_split(run, res, stage, vision)
-    return (ring_s(BF16 * t_dense, lay.dp, link_bw(hw, lay.tp * lay.cp * lay.dp))
-            + ring_s(BF16 * t_expert, lay.expert_dp, link_bw(hw, lay.etp * lay.ep * lay.expert_dp)))
+    return (ring_s(BF16 * t_dense, lay.dp, link_bw(hw, lay, lay.tp * lay.cp * lay.dp))
+            + ring_s(BF16 * t_expert, lay.expert_dp, link_bw(hw, lay, lay.etp * lay.ep * lay.expert_dp)))
 
 
 def buckets(params: float, dp: int) -> int:
@@ -287,7 +292,7 @@ def p2p_s(run: RunConfig, res: Resolved, w: Workload) -> float:
     if lay.pp <= 1:
         return 0.0
     span = 2 * lay.world_size // lay.pp  # two neighbouring stages
-    return 2 * tokens_per_rank(res, w) * run.model.hidden_size * BF16 / link_bw(run.hardware, span)
+    return 2 * tokens_per_rank(res, w) * run.model.hidden_size * BF16 / link_bw(run.hardware, lay, span)
 
 
 def optimizer_s(run: RunConfig, res: Resolved, stage: int, vision: bool, cal: Calibration) -> float:

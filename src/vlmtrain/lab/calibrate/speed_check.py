@@ -267,13 +267,16 @@ def median_abs(rows: list[dict[str, Any]]) -> float:
 
 
 def summary(rows: list[dict[str, Any]]) -> str:
+    """The held-out median absolute error with the worst case by name, then the fitted rows' median."""
     held = [r for r in rows if r["split"] == "held_out"]
     fitted = [r for r in rows if r["split"] == "fit"]
-    worst = max(held, key=lambda r: abs(r["metrics"]["error_pct"])) if held else None
-    within = sum(abs(r["metrics"]["error_pct"]) <= TARGET_PCT for r in held)
-    return (f"held out: {len(held)} groups, median |error| {median_abs(held):.1f} % ({within} within "
-            f"{TARGET_PCT:.0f} %); worst {worst['name']} {worst['metrics']['error_pct']:+.1f} %; "
-            f"fitted: {len(fitted)} groups, median |error| {median_abs(fitted):.1f} %" if worst else "no held-out rows")
+    out = "held out: none"
+    if held:
+        worst = max(held, key=lambda r: abs(r["metrics"]["error_pct"]))
+        within = sum(abs(r["metrics"]["error_pct"]) <= TARGET_PCT for r in held)
+        out = (f"held out: {len(held)} groups, median |error| {median_abs(held):.1f} % ({within} within "
+               f"{TARGET_PCT:.0f} %); worst {worst['name']} {worst['metrics']['error_pct']:+.1f} %")
+    return out + f"; fitted: {len(fitted)} groups, median |error| {median_abs(fitted):.1f} %"
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
