@@ -81,4 +81,4 @@ def test_published_figures_name_their_source_and_what_differs() -> None:
     first = speed_published.FIGURES[0]
     c = speed_published.compare(first, speed.load())
     assert c.tflops_per_gpu == pytest.approx(first.tflops_per_gpu * first.step_s / c.predicted.step_s)
-    assert c.predicted.world_size == first.gpus
+    assert c.predicted.world_size == first.case.gpus

@@ -43,6 +43,7 @@ from vlmtrain.config.compose import CONF_DIR, compose
 from vlmtrain.config.resolve import Resolved, resolve
 from vlmtrain.config.schema import RunConfig
 from vlmtrain.lab import experiments, store
+from vlmtrain.lab.cases import Case
 from vlmtrain.observe import run_summary
 
 ROOT = CONF_DIR.parent
@@ -101,14 +102,17 @@ def gpu_kind(machine: str) -> str:
 
 @dataclass
 class Group:
-    """The runs of one command on one GPU kind."""
+    """The runs of one command on one GPU kind: the case they ran (named for the first run, with the kind)."""
 
-    name: str
+    case: Case
     command: str
-    overrides: list[str]
     kind: str
     date: str
     runs: list[dict[str, Any]]
+
+    @property
+    def name(self) -> str:
+        return self.case.name
 
     @property
     def step_s(self) -> float:
@@ -137,14 +141,15 @@ def groups(paths: list[Path]) -> list[Group]:
             if key not in out:
                 name = f"{r['name']} [{kind}]"
                 taken = sum(g.name.startswith(name) for g in out.values())
-                out[key] = Group(f"{name} ({taken + 1})" if taken else name, r["command"], ov, kind, r["date"], [])
+                out[key] = Group(Case(f"{name} ({taken + 1})" if taken else name, overrides=ov), r["command"], kind,
+                                 r["date"], [])
             out[key].runs.append(r)
     return list(out.values())
 
 
 def composed(g: Group, cache_dir: Path) -> tuple[RunConfig, Resolved]:
     """The group's run as it ran: placed (check.defaults) when measured after the auto defaults landed."""
-    run = compose([*g.overrides, f"data.cache_dir={cache_dir}"], output_dir=str(cache_dir / "compose"))
+    run = compose([*g.case.overrides, f"data.cache_dir={cache_dir}"], output_dir=str(cache_dir / "compose"))
     if g.date >= AUTO_DEFAULTS_SINCE:
         from vlmtrain.check.defaults import placed
 
@@ -173,7 +178,7 @@ def measured_workload(run: RunConfig, res: Resolved, metrics: dict[str, Any], pl
 
 
 @dataclass
-class Case:
+class Composed:
     """A group composed, with the workload it is predicted for."""
 
     group: Group
@@ -196,7 +201,7 @@ def inbatch_plan(run: RunConfig, res: Resolved, plan: Workload) -> Workload:
                         plan.source + "; in-batch packed rows of MBS samples")
 
 
-def cases(gs: list[Group], cache_dir: Path) -> list[Case]:
+def cases(gs: list[Group], cache_dir: Path) -> list[Composed]:
     out = []
     for g in gs:
         run, res = composed(g, cache_dir)
@@ -204,11 +209,11 @@ def cases(gs: list[Group], cache_dir: Path) -> list[Case]:
         if "data.packing=true" in shlex.split(g.command):
             plan = inbatch_plan(run, res, plan)
         metrics = {**g.runs[0]["metrics"], "step_s": g.step_s}
-        out.append(Case(g, run, res, measured_workload(run, res, metrics, plan)))
+        out.append(Composed(g, run, res, measured_workload(run, res, metrics, plan)))
     return out
 
 
-def residuals(cs: list[Case], cal: Calibration) -> list[float]:
+def residuals(cs: list[Composed], cal: Calibration) -> list[float]:
     """Log errors of each case's step time (weight 2) and of its measured components (each against the step: a
     component is compared on log((pred + 5 % step) / (measured + 5 % step)))."""
     out = []
@@ -225,7 +230,7 @@ def residuals(cs: list[Case], cal: Calibration) -> list[float]:
     return out
 
 
-def fit(cs: list[Case], start: Calibration) -> Calibration:
+def fit(cs: list[Composed], start: Calibration) -> Calibration:
     """The constants that minimise `residuals` on `cs`, within BOUNDS (log-scaled parameters)."""
     import numpy as np
     from scipy.optimize import least_squares
@@ -246,7 +251,7 @@ def error_pct(predicted: float, measured: float) -> float:
     return round(100.0 * (predicted - measured) / measured, 1)
 
 
-def row(c: Case, cal: Calibration) -> dict[str, Any]:
+def row(c: Composed, cal: Calibration) -> dict[str, Any]:
     """The results row of one group: measured (median, runs, min-max) vs predicted, the breakdown, the split."""
     t = c.predict(cal)
     g = c.group

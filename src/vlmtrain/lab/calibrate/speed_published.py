@@ -17,19 +17,18 @@ from vlmtrain.check.speed.calibration import Calibration
 from vlmtrain.check.speed.workload import from_samples
 from vlmtrain.config.compose import compose
 from vlmtrain.config.resolve import resolve
+from vlmtrain.lab.cases import Case
 
 BRIDGE = "https://github.com/NVIDIA-NeMo/Megatron-Bridge/blob/main/"
 
 
 @dataclass(frozen=True)
 class Figure:
-    name: str
+    case: Case
+    """The vlmtrain run with the recipe's layout, batch, dispatcher, recompute and graphs (named for the figure)."""
     source: str
-    gpus: int
     step_s: float
     tflops_per_gpu: float
-    overrides: tuple[str, ...]
-    """The vlmtrain run with the recipe's layout, batch, dispatcher, recompute and graphs."""
     tokens: float
     """Real tokens per sample."""
     images: float
@@ -39,32 +38,31 @@ class Figure:
     """What of the recipe the vlmtrain run does not reproduce."""
 
 
+QWEN36_H100 = Case("Qwen3.6-35B-A3B VLM pretrain, 16 H100 BF16, DataComp (real data, padded to 4096)", 16, [
+    "model=qwen35_vl_35b_a3b", "hardware=h100", "nodes=2", "gpus_per_node=8", "parallelism=3d", "parallelism.tp=1",
+    "parallelism.pp=2", "parallelism.ep=8", "parallelism.first_stage_layers=16", "parallelism.last_stage_layers=24",
+    "dispatcher=hybridep", "recompute=selective", "recompute.modules=[core_attn,gdn_norm_out,moe_act]",
+    "cuda_graph=attn_moe_router_preprocess", "kernels=default", "kernels.cross_entropy=te",
+    "train.micro_batch_size=1", "train.global_batch_size=512", "train.seq_length=4096", "data=mock",
+    "data.pad_to_max_length=true", "precision.precision_aware_optimizer=true",
+    "+bridge.ddp.overlap_grad_reduce=false", "+bridge.ddp.overlap_param_gather=false"])
+QWEN3_30B_H100 = Case("Qwen3-30B-A3B pretrain, 16 H100 BF16, mock text (text-only decoder)", 16, [
+    "model=qwen3_vl_30b_a3b", "hardware=h100", "nodes=2", "gpus_per_node=8", "parallelism=3d", "parallelism.ep=16",
+    "dispatcher=hybridep", "cuda_graph=moe_router_preprocess", "kernels=default", "train.micro_batch_size=1",
+    "train.global_batch_size=1024", "train.seq_length=4096", "data=mock", "data.pad_to_max_length=true",
+    "precision.precision_aware_optimizer=true"])
 FIGURES = (
-    Figure("Qwen3.6-35B-A3B VLM pretrain, 16 H100 BF16, DataComp (real data, padded to 4096)",
+    Figure(QWEN36_H100,
            BRIDGE + "docs/model-verification/models/qwen3.6-35b-a3b.md (pretrain_performance, H100; recipe "
            "qwen35_vl_35b_a3b_pretrain_16gpu_h100_bf16_functional_config in "
            "src/megatron/bridge/recipes/qwen_vl/h100/qwen35_vl.py)",
-           16, 22.27122, 135.61,
-           ("model=qwen35_vl_35b_a3b", "hardware=h100", "nodes=2", "gpus_per_node=8", "parallelism=3d",
-            "parallelism.tp=1", "parallelism.pp=2", "parallelism.ep=8", "parallelism.first_stage_layers=16",
-            "parallelism.last_stage_layers=24", "dispatcher=hybridep", "recompute=selective",
-            "recompute.modules=[core_attn,gdn_norm_out,moe_act]", "cuda_graph=attn_moe_router_preprocess",
-            "kernels=default", "kernels.cross_entropy=te", "train.micro_batch_size=1",
-            "train.global_batch_size=512", "train.seq_length=4096", "data=mock", "data.pad_to_max_length=true",
-            "precision.precision_aware_optimizer=true",
-            "+bridge.ddp.overlap_grad_reduce=false", "+bridge.ddp.overlap_param_gather=false"),
-           tokens=196 + 34, images=1.0, image_tokens=196.0,
+           22.27122, 135.61, tokens=196 + 34, images=1.0, image_tokens=196.0,
            differs="BF16 gradient reduce (vlmtrain reduces in FP32); an MTP layer if the provider keeps one; the "
                    "caption's 34 text tokens are assumed"),
-    Figure("Qwen3-30B-A3B pretrain, 16 H100 BF16, mock text (text-only decoder)",
+    Figure(QWEN3_30B_H100,
            BRIDGE + "docs/model-verification/models/qwen3-30b-a3b.md (pretrain_performance, H100; recipe "
            "qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config in src/megatron/bridge/perf_recipes/qwen/h100/qwen3_moe.py)",
-           16, 20.14729, 299.352,
-           ("model=qwen3_vl_30b_a3b", "hardware=h100", "nodes=2", "gpus_per_node=8", "parallelism=3d",
-            "parallelism.ep=16", "dispatcher=hybridep", "cuda_graph=moe_router_preprocess", "kernels=default",
-            "train.micro_batch_size=1", "train.global_batch_size=1024", "train.seq_length=4096", "data=mock",
-            "data.pad_to_max_length=true", "precision.precision_aware_optimizer=true"),
-           tokens=4096, images=0.0, image_tokens=0.0,
+           20.14729, 299.352, tokens=4096, images=0.0, image_tokens=0.0,
            differs="the recipe overlaps the MoE all-to-all with compute (overlap_moe_expert_parallel_comm), which "
                    "the Qwen-VL step cannot; forced expert balance; BF16 gradient reduce"),
 )
@@ -90,7 +88,7 @@ class Compared:
 
 
 def compare(f: Figure, cal: Calibration) -> Compared:
-    run = compose(list(f.overrides), output_dir="outputs/compose")
+    run = compose(list(f.case.overrides), output_dir="outputs/compose")
     res = resolve(run)
     samples = float(run.train.global_batch_size)
     w = from_samples(run, res, samples, f.tokens, f.images, f.image_tokens, 1.0,
@@ -106,7 +104,8 @@ def markdown_table(cal: Calibration) -> str:
         t = c.predicted
         top = sorted(speed.TERMS, key=lambda n: -getattr(t, n))[:3]
         terms = ", ".join(f"{n} {getattr(t, n):.1f} s" for n in top)
-        out.append(f"| {c.figure.name} | {c.figure.gpus} | {c.figure.step_s:.2f} ({c.figure.tflops_per_gpu:.1f}) | "
+        f = c.figure
+        out.append(f"| {f.case.name} | {f.case.gpus} | {f.step_s:.2f} ({f.tflops_per_gpu:.1f}) | "
                    f"{t.step_s:.2f} ({c.tflops_per_gpu:.1f}) | {c.error_pct:+.1f} | {terms} | {c.figure.differs} |")
-    out += ["", NOT_FOUND, "", "Sources:"] + [f"- {f.name}: {f.source}" for f in FIGURES]
+    out += ["", NOT_FOUND, "", "Sources:"] + [f"- {f.case.name}: {f.source}" for f in FIGURES]
     return "\n".join(out) + "\n"
