@@ -8,7 +8,7 @@ from omegaconf import DictConfig
 
 from vlmtrain import worker
 from vlmtrain.build import plan
-from vlmtrain.check import preflight
+from vlmtrain.check import preflight, speed
 from vlmtrain.check.defaults import placed
 from vlmtrain.config import world
 from vlmtrain.config.compose import to_run
@@ -75,6 +75,8 @@ def main(cfg: DictConfig) -> int:
         return slurm.in_process(run, res, None) if slurm.under_slurm() else plan.dry_run(run, res)
     if refused(preflight.check(run, res)):
         return 2
+    if not slurm.under_slurm() or slurm.slurm_rank_env()["RANK"] == "0":  # one writer per run dir
+        speed.save(speed.predicted(run, res), run.output_dir)  # what the report puts beside the measured step
     if slurm.under_slurm():
         return slurm.in_process(run, res, worker.train)
     try:

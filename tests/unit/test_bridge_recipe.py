@@ -61,7 +61,7 @@ def test_the_peer_counts_bridge_s_own_micro_batches(tmp_path: Path) -> None:
     from megatron.bridge.data.builders.direct_hf_sft import direct_hf_sft_train_valid_test_datasets_provider
 
     from vlmtrain.build import target
-    from vlmtrain.observe import flops
+    from vlmtrain.config import flops
     from vlmtrain.train.step_counters import StepCounters
 
     run, res = bridge_recipe.bench_run(H1, tmp_path / "run")

@@ -80,6 +80,8 @@ class SweepJob:
     """The world preflight checked the job against, e.g. "1 node x 1 GPU (local)"."""
     num: int | None = None
     """hydra.job.num once launched (None when skipped)."""
+    predicted: dict[str, Any] | None = None
+    """check.speed's prediction for a valid job (step_s, useful_tokens_per_s_per_gpu, mfu, the terms)."""
 
     @property
     def shown(self) -> list[str]:
@@ -144,6 +146,10 @@ class VlmtrainSweeper(BasicSweeper):
         errors = preflight.errors(findings)
         job.valid = not errors
         job.findings = [str(f) for f in errors] + [str(f) for f in findings if f not in errors]
+        if job.valid:
+            from vlmtrain.check import speed
+
+            job.predicted = speed.predicted(run, res).to_dict()
         return job
 
     def placed(self, run: "RunConfig", launcher: dict[str, Any]) -> tuple["Placement", "Resolved"]:
@@ -260,27 +266,51 @@ def number_jobs(jobs: list[SweepJob]) -> list[tuple[dict[str, Any], list[SweepJo
 
 
 def write_preflight(path: Path, jobs: list[SweepJob], launched: bool, preflight_only: bool = False) -> None:
-    """preflight.json: the skipped jobs with their findings, and the launched jobs' overrides by job number."""
+    """preflight.json: the skipped jobs with their findings, the launched jobs' overrides by job number, and each
+    valid job's predicted step (check.speed), fastest first."""
+    valid = [j for j in jobs if j.valid]
     out: dict[str, Any] = {
         "skipped": [{"job": j.label, "overrides": j.shown, "findings": j.findings} for j in jobs if not j.valid],
-        "launched": [j.shown for j in sorted((j for j in jobs if j.valid), key=lambda j: j.num or 0)]
-        if launched else [],
+        "launched": [j.shown for j in sorted(valid, key=lambda j: j.num or 0)] if launched else [],
+        "predicted": [{"job": j.label, "overrides": j.shown, **(j.predicted or {})} for j in ranked(valid)],
     }
     if preflight_only:
         out["preflight_only"] = True
     path.write_text(json.dumps(out, indent=2) + "\n")
 
 
+PREDICTED_HEAD = "predicted: # s/step tok/s/GPU MFU"
+"""The table's column of check.speed's prediction (rank by useful tokens/s/GPU)."""
+
+
+def ranked(jobs: list[SweepJob]) -> list[SweepJob]:
+    """Valid jobs by predicted useful tokens/s/GPU, fastest first (check.speed)."""
+    return sorted(jobs, key=lambda j: -(j.predicted or {}).get("useful_tokens_per_s_per_gpu", 0.0))
+
+
+def predicted_cell(j: SweepJob, rank: dict[int, int]) -> str:
+    """`#rank s/step tok/s/GPU MFU` of a valid job's prediction; blanks for a skipped one."""
+    p = j.predicted
+    if not p:
+        return f"{'':>3} {'':>7} {'':>7} {'':>5}"
+    return (f"{'#' + str(rank[id(j)]):>3} {p['step_s']:>6.2f}s {p['useful_tokens_per_s_per_gpu']:>7.0f} "
+            f"{100 * p['mfu']:>4.1f}%")
+
+
 def summary_table(jobs: list[SweepJob], path: Path) -> str:
-    """One line per job in sweep order: job number (or SKIP), overrides, the world it was checked against, errors
-    or the warning and info rule names."""
+    """One line per job in sweep order: job number (or SKIP), overrides, the world it was checked against, its rank
+    by predicted useful tokens/s/GPU with the predicted step and MFU (check.speed), errors or the warning and info
+    rule names; then the fastest predicted job."""
     n_ok = sum(j.valid for j in jobs)
     width = min(max((len(j.label) for j in jobs), default=9), 80)
     ww = max((len(j.world) for j in jobs), default=5)
+    order = ranked([j for j in jobs if j.valid])
+    rank = {id(j): i + 1 for i, j in enumerate(order)}
     lines = [f"[vlmtrain] sweep preflight: {len(jobs)} job(s), {n_ok} to launch, {len(jobs) - n_ok} skipped "
-             f"-> {path}", f"  {'job':>4}  {'overrides':<{width}}  {'world':<{ww}}  findings"]
+             f"-> {path}", f"  {'job':>4}  {'overrides':<{width}}  {'world':<{ww}}  {PREDICTED_HEAD:<28}  findings"]
     for j in jobs:
-        head = f"  {'SKIP' if not j.valid else '-' if j.num is None else j.num:>4}  {j.label:<{width}}  {j.world:<{ww}}"
+        head = (f"  {'SKIP' if not j.valid else '-' if j.num is None else j.num:>4}  {j.label:<{width}}  "
+                f"{j.world:<{ww}}  {predicted_cell(j, rank):<28}")
         if j.valid:
             said = {label: [f.split(":", 1)[0].removeprefix(f"[{sev}] ") for f in j.findings
                             if f.startswith(f"[{sev}]")] for sev, label in (("warning", "warnings"), ("info", "info"))}
@@ -288,7 +318,14 @@ def summary_table(jobs: list[SweepJob], path: Path) -> str:
             lines.append(f"{head}  {'; '.join(cells) or '-'}")
         else:
             lines.append(f"{head}  {j.findings[0]}")
-            lines += [f"  {'':>4}  {'':<{width}}  {'':<{ww}}  {f}" for f in j.findings[1:] if f.startswith("[error]")]
+            lines += [f"  {'':>4}  {'':<{width}}  {'':<{ww}}  {'':<28}  {f}" for f in j.findings[1:]
+                      if f.startswith("[error]")]
+    if order and order[0].predicted:
+        best, p = order[0], order[0].predicted
+        where = f"job {best.num}" if best.num is not None else "the first job"
+        lines.append(f"[vlmtrain] fastest predicted: {where}, {p['step_s']:.2f} s/step, "
+                     f"{p['useful_tokens_per_s_per_gpu']:.0f} useful tokens/s/GPU, MFU {100 * p['mfu']:.1f} % "
+                     "(check.speed; preflight.json lists every job's)")
     return "\n".join(lines)
 
 

@@ -21,6 +21,7 @@ from vlmtrain.config.resolve import save as save_run_json
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
 
+    from vlmtrain.check.speed import StepTime
     from vlmtrain.config.resolve import Resolved
     from vlmtrain.config.schema import RunConfig
 
@@ -128,7 +129,7 @@ def library_warnings(caught: list[warnings.WarningMessage]) -> list[str]:
 
 
 def render(run: RunConfig, res: Resolved, cfg: ConfigContainer | None, findings: list[preflight.Finding],
-           validation: str, warned: Sequence[str] = ()) -> str:
+           validation: str, warned: Sequence[str] = (), predicted: StepTime | None = None) -> str:
     lay, t = res.layout, run.train
     lines = [
         f"vlmtrain plan: {run.name}   (declared target: hardware={run.hardware.name}, {lay.world_size} GPUs)",
@@ -163,6 +164,10 @@ def render(run: RunConfig, res: Resolved, cfg: ConfigContainer | None, findings:
             lines += textwrap.wrap("  ".join(vals), width=118, initial_indent=f"  {'+bridge':<12}",
                                    subsequent_indent=" " * 14, break_long_words=False, break_on_hyphens=False)
     lines += memory_section(run, res)
+    if predicted is not None:
+        from vlmtrain.check import speed
+
+        lines += speed.render(predicted)
     lines.append("preflight:" + ("" if findings else " no findings"))
     lines += [f"  {f}" for f in findings]
     if warned:
@@ -186,20 +191,22 @@ def quiet_library_logs() -> None:
 
 
 def dry_run(run: RunConfig, res: Resolved) -> int:
-    """Print the plan; write the resolved Bridge config and run.json; return the exit status."""
+    """Print the plan; write the resolved Bridge config, run.json and speed.json; return the exit status."""
     from vlmtrain.build import container, target
+    from vlmtrain.check import speed
 
     quiet_library_logs()
     findings = preflight.check(run, res)
     if preflight.errors(findings):
         print(render(run, res, None, findings, "not attempted (preflight errors)"))
         return 2
+    predicted = speed.predicted(run, res)  # once: printed and saved for the report
     from vlmtrain.data.scan import BadSample
 
     try:
         cfg = container.build(run, res)
     except BadSample as e:  # the data scan (vlmtrain.data.prepare) refused a sample
-        print(render(run, res, None, findings, f"not attempted (bad data)\n{e}"))
+        print(render(run, res, None, findings, f"not attempted (bad data)\n{e}", predicted=predicted))
         return 2
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")  # quiet_library_logs' filters are for import-time noise
@@ -208,14 +215,15 @@ def dry_run(run: RunConfig, res: Resolved) -> int:
         except Exception as e:  # Bridge raises ValueError/AssertionError/RuntimeError from many places
             groups_hint = " ".join(f"{k}={v}" for k, v in run.choices.items())
             print(render(run, res, cfg, findings, f"FAILED for {groups_hint}: {type(e).__name__}: {e}",
-                         library_warnings(caught)))
+                         library_warnings(caught), predicted))
             return 3
     out = Path(run.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     redact.write_bridge_yaml(cfg, out / "bridge_config.yaml")
     save_run_json(res, out)
+    speed.save(predicted, out)
     print(render(run, res, cfg, findings, f"OK (runtime_config_update); resolved config: {out / 'bridge_config.yaml'}",
-                 library_warnings(caught)))
+                 library_warnings(caught), predicted))
     print("To train: run the same command on a GPU node (or with dry_run=false); add hydra/launcher=slurm for Slurm.")
     sys.stdout.flush()
     return 0

@@ -1,5 +1,5 @@
 """The architecture facts of the models vlmtrain builds, in one place: the model group builds the HF config from
-them (config.groups.model.hf_config), and the memory estimate (check.memory) and the FLOP count (observe.flops)
+them (config.groups.model.hf_config), and the memory estimate (check.memory) and the FLOP count (config.flops)
 do their arithmetic on them.
 
 - Families: Qwen3-VL and Qwen3.5 (`Family`), and Qwen3.5's Gated-DeltaNet shape (`LinearAttentionConfig`, the

@@ -7,7 +7,7 @@ offline machine force it. Every change is in the benchmark's `all_changes()` and
 Useful tokens are counted as vlmtrain counts them (vlmtrain.train.step_counters: the non-pad tokens of every
 micro-batch the step consumed, read off the collated batch by a wrapper around the step's data iterator that hands
 each batch on unchanged), and a read-only Bridge callback times each step (CUDA-synchronised wall clock, as
-vlmtrain.observe.metrics_callback) and writes vlmtrain's metrics.jsonl row keys, FLOPs from vlmtrain.observe.flops
+vlmtrain.observe.metrics_callback) and writes vlmtrain's metrics.jsonl row keys, FLOPs from vlmtrain.config.flops
 on the same samples: both in the run's one torchrun rank, vlmtrain.lab.bridge_recipe_rank. No per-tower timing:
 its module hooks would change what runs, so the peer's rows have no mfu_vit / mfu_projector / mfu_decoder.
 """

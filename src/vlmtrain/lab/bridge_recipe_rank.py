@@ -1,6 +1,6 @@
 """The one torchrun rank of a run of Bridge's own recipe (vlmtrain.lab.bridge_recipe starts it): the recipe's container
 through Bridge's pretrain() with the recipe's forward step, and a read-only callback writing vlmtrain's metrics.jsonl
-keys (the CUDA-synchronised step time, useful tokens from vlmtrain's counters, FLOPs from vlmtrain.observe.flops).
+keys (the CUDA-synchronised step time, useful tokens from vlmtrain's counters, FLOPs from vlmtrain.config.flops).
 
     python -m vlmtrain.lab.bridge_recipe_rank <benchmark> <run dir>     # under torchrun, as bridge_recipe starts it
 """
@@ -40,7 +40,7 @@ class PeerMetrics(Callback):
     def on_train_step_end(self, context: Any) -> None:
         import torch
 
-        from vlmtrain.observe import flops
+        from vlmtrain.config import flops
         from vlmtrain.observe.metrics_callback import loss_values, step_rates
 
         torch.cuda.synchronize()

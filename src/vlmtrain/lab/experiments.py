@@ -32,6 +32,8 @@ EXPERIMENTS = {
     "collate-cpu": ("vlmtrain.lab.micro.collate_cpu", "what one packed row costs a data-loader worker (CPU)"),
     "memory-check": ("vlmtrain.lab.calibrate.memory_check", "the memory estimate against the measured peaks"),
     "metrics-check": ("vlmtrain.lab.calibrate.metrics_check", "a run's MFU and useful tokens, computed another way"),
+    "calibrate-speed": ("vlmtrain.lab.calibrate.speed_check", "fit the step-time model on the measured rows; its "
+                                                              "held-out error and the published figures"),
     "resume": ("vlmtrain.lab.checks.resume", "kill -9 mid-training, relaunch, compare losses and samples"),
     "reliability": ("vlmtrain.lab.checks.reliability", "secrets, non-finite stop and skip, OOM, kill mid-checkpoint"),
     "slurm-preempt": ("vlmtrain.lab.checks.slurm_preempt", "a Slurm job preempted, requeued and resumed"),

@@ -31,9 +31,10 @@ from typing import TYPE_CHECKING, Any
 
 from megatron.bridge.training.callbacks import Callback
 
+from vlmtrain.config import flops
 from vlmtrain.config.groups import precision
 from vlmtrain.config.resolve import Resolved
-from vlmtrain.observe import flops, keys, startup, timing, wandb_run
+from vlmtrain.observe import keys, startup, timing, wandb_run
 from vlmtrain.observe.run_summary import SKIP, append_jsonl, read_jsonl
 from vlmtrain.observe.step_line import step_line
 from vlmtrain.train.step_counters import COUNTERS

@@ -14,6 +14,7 @@ from vlmtrain.observe.keys import VAL_LM_LOSS
 from vlmtrain.observe.run_summary import HEADLINE_KEYS, steady, summarize_rows
 
 if TYPE_CHECKING:
+    from vlmtrain.check.speed import StepTime
     from vlmtrain.config.resolve import Resolved
 
 TIME_KEYS = ("time_vision_s", "time_projector_s", "time_decoder_s", "time_optimizer_s", "time_data_s", "time_other_s")
@@ -143,6 +144,18 @@ class Job:
         """What the run resolved (its run.json), else config.resolve on its config (run dirs without run.json);
         None when neither is there."""
         return _saved(self.path) or _resolved(self.config)
+
+    @cached_property
+    def predicted(self) -> StepTime | None:
+        """The step check.speed predicted when the run was launched (its speed.json); None for older run dirs."""
+        from vlmtrain.check import speed
+
+        return speed.step.load(self.path) if self.path is not None and self.path.is_dir() else None
+
+    def predicted_error(self) -> float | None:
+        """(predicted - measured) / measured step time, where both are known."""
+        measured = self.metrics.get("step_s")
+        return self.predicted.step_s / measured - 1 if self.predicted and measured else None
 
     @cached_property
     def layout(self) -> dict[str, int]:

@@ -17,8 +17,9 @@ from vlmtrain.report.sources import load_yaml
 CSV_COLUMNS = ["section", "rank", "job", "num", "source", "status", "reason", "description", *CHOSEN, "layout",
                "gpus", "tp", "pp", "ep", "mbs", "frozen_vision", "mock_data", "steps", "useful_tokens_per_s_per_gpu",
                "padded_tokens_per_s_per_gpu", "nonpad_fraction", "mfu", "tflops_per_s_per_gpu", "step_s",
-               "peak_mem_gib", "memory_gib", "headroom_gib", *TIME_KEYS, *FLOP_KEYS, "first_loss", "last_loss",
-               "val_loss", "skipped_samples", "overrides", "path"]
+               "predicted_step_s", "predicted_useful_tokens_per_s_per_gpu", "predicted_mfu", "peak_mem_gib",
+               "memory_gib", "headroom_gib", *TIME_KEYS, *FLOP_KEYS, "first_loss", "last_loss", "val_loss",
+               "skipped_samples", "overrides", "path"]
 
 
 def csv_row(job: Job, base: dict[str, str]) -> dict[str, Any]:
@@ -29,8 +30,23 @@ def csv_row(job: Job, base: dict[str, str]) -> dict[str, Any]:
             "layout": layout_text(job) if job.config else None, "gpus": lay.get("gpus"), "tp": lay.get("tp"),
             "pp": lay.get("pp"), "ep": lay.get("ep"), "mbs": job.mbs, "frozen_vision": job.frozen,
             "mock_data": job.mock, **{k: job.metrics.get(k) for k in CSV_COLUMNS if k in job.metrics},
-            "memory_gib": job.memory_gib, "headroom_gib": job.headroom_gib, "overrides": " ".join(job.overrides),
+            **predicted_cells(job), "memory_gib": job.memory_gib, "headroom_gib": job.headroom_gib,
+            "overrides": " ".join(job.overrides),
             "path": str(job.path) if job.path else None}
+
+
+def predicted_cells(job: Job) -> dict[str, float | None]:
+    """The CSV's predicted_* columns: check.speed's step, useful tokens/s/GPU and MFU from the run's speed.json."""
+    t = job.predicted
+    return {"predicted_step_s": t.step_s if t else None,
+            "predicted_useful_tokens_per_s_per_gpu": t.useful_tokens_per_s_per_gpu if t else None,
+            "predicted_mfu": t.mfu if t else None}
+
+
+def _predicted(job: Job) -> str:
+    """`predicted s (error %)` beside the measured step; blank without a speed.json."""
+    err = job.predicted_error()
+    return "" if job.predicted is None or err is None else f"{job.predicted.step_s:.3f} ({err:+.0%})"
 
 
 def write_csv(jobs: list[Job], path: Path) -> None:
@@ -62,12 +78,12 @@ def _headroom(job: Job) -> str:
 
 def ranked_table(jobs: list[Job], base: dict[str, str], kind: str) -> list[str]:
     header = ["rank", "job", "config", "GPUs", "MBS", "useful tok/s/GPU", "non-pad", "MFU", "TFLOP/s/GPU", "step (s)",
-              "peak mem (GiB)", "headroom (GiB)", "vision / projector / decoder" + (" time" if kind == "time" else
-                                                                                   " FLOPs"), "flags"]
+              "predicted step (s)", "peak mem (GiB)", "headroom (GiB)",
+              "vision / projector / decoder" + (" time" if kind == "time" else " FLOPs"), "flags"]
     rows = [[j.rank, j.label, describe(j, base), j.layout.get("gpus", ""), j.mbs or "",
              f"{j.metrics['useful_tokens_per_s_per_gpu']:,.0f}", _percent(j.metrics.get("nonpad_fraction")),
              f"{j.metrics.get('mfu', 0.0):.3%}",
-             f"{j.metrics.get('tflops_per_s_per_gpu', 0.0):.2f}", f"{j.metrics['step_s']:.3f}",
+             f"{j.metrics.get('tflops_per_s_per_gpu', 0.0):.2f}", f"{j.metrics['step_s']:.3f}", _predicted(j),
              f"{j.metrics['peak_mem_gib']:.1f}", _headroom(j), split_text(j, kind), flags(j)] for j in jobs]
     return _table(header, rows)
 
@@ -118,6 +134,7 @@ def render(jobs: list[Job], source: str, root: Path | None) -> str:
              f"Source: `{source}` · {len(jobs)} job{'s' * (len(jobs) != 1)}: "
              + ", ".join(f"{n} {s}" for s, n in counts.most_common()), "",
              f"Ranked by useful (non-padding) tokens/s/GPU over the steps after the first {SKIP} (warm-up): "
+             "predicted step is check.speed's prediction the run was launched with (its speed.json) and its error; "
              "rates are total work / total time, step and component times medians; non-pad = the share of the "
              "tokens the model ran that are not padding. MFU uses vlmtrain's model FLOPs and the hardware group's "
              "dense BF16 peak, for every precision (FP8 runs are ranked in their own sections and also record "

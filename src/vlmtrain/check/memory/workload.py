@@ -27,7 +27,8 @@ class Workload:
     """True when the row runs padded to its length (Resolved.padded: then seq_len is exact, not a bound)."""
 
 
-def _image_tokens(tokens_w: int, tokens_h: int) -> int:
+def image_tokens_of(tokens_w: int, tokens_h: int) -> int:
+    """LLM tokens of one image of tokens_w x tokens_h tokens after the collate clamps it to its bounds."""
     return min(max(tokens_w * tokens_h, COLLATE_MIN_TOKENS), COLLATE_MAX_TOKENS)
 
 
@@ -40,7 +41,7 @@ def image_token_bound(run: RunConfig, res: Resolved) -> int:
         return seq
     if d.kind == DataKind.mock:
         w, h = d.mock_image_size
-        return min(seq, d.mock_num_images * _image_tokens(math.ceil(w / TOKEN_PX), math.ceil(h / TOKEN_PX)))
+        return min(seq, d.mock_num_images * image_tokens_of(math.ceil(w / TOKEN_PX), math.ceil(h / TOKEN_PX)))
     if d.kind == DataKind.realistic:
         per_image = min(d.payload.image_tokens_max, COLLATE_MAX_TOKENS)
         return min(seq, (len(d.payload.images_per_sample) - 1) * per_image)

@@ -1,11 +1,15 @@
-"""hardware group: what a GPU kind is (per-node size, NVLink domain, peak BF16, memory) and its env vars.
+"""hardware group: what a GPU kind is (per-node size, NVLink domain, peaks, memory, links) and its env vars.
 
-| option | GPUs/node | NVLink domain | dense BF16 / FP8 / FP4 peak (TFLOP/s) | default dispatcher |
-|--------|-----------|---------------|---------------------------------------|--------------------|
-| gb200  | 4         | 72 (MNNVL)    | 2500 / 5000 / 10000                   | hybridep           |
-| b200   | 8         | 8             | 2250 / 4500 / 9000                    | alltoall           |
-| h100   | 8         | 8             | 989 / 1979 / -                        | alltoall           |
-| h200   | 8         | 8             | 989 / 1979 / -                        | alltoall           |
+| option | GPUs/node | NVLink domain | BF16 / FP8 / FP4 peak (TFLOP/s) | HBM / NVLink / NIC (GB/s) | dispatcher |
+|--------|-----------|---------------|---------------------------------|---------------------------|------------|
+| gb200  | 4         | 72 (MNNVL)    | 2500 / 5000 / 10000             | 8000 / 900 / 50           | hybridep   |
+| b200   | 8         | 8             | 2250 / 4500 / 9000              | 8000 / 900 / 50           | alltoall   |
+| h100   | 8         | 8             | 989 / 1979 / -                  | 3350 / 450 / 50           | alltoall   |
+| h200   | 8         | 8             | 989 / 1979 / -                  | 4800 / 450 / 50           | alltoall   |
+
+Peaks, HBM and link bandwidths are the vendor's datasheet figures (per GPU, one direction: NVLink 4 is 900 GB/s and
+NVLink 5 1.8 TB/s both directions together; scale-out is one 400 Gb/s ConnectX-7 NIC per GPU as in DGX/HGX
+systems): the step-time model (check.speed) divides by them and its calibration says how much of them is reached.
 
 The env vars must be in the environment before Python imports torch (Bridge's `env_vars` are applied late
 with setdefault), so the launcher exports the resolved env (config.resolve keeps it per group, `Resolved.env_vars`
@@ -48,6 +52,12 @@ class HardwareConfig:
     """Vendor dense FP4 peak per GPU (NVFP4); null where the GPU has no FP4 tensor cores."""
     memory_gib: float = 141.0
     """HBM per GPU: the budget of the memory estimate."""
+    hbm_gb_per_s: float = 4800.0
+    """Vendor HBM bandwidth per GPU: the rate of the optimizer's memory-bound update (check.speed)."""
+    nvlink_gb_per_s: float = 450.0
+    """Vendor NVLink bandwidth per GPU in one direction: collectives among the GPUs of one NVLink domain."""
+    scaleout_gb_per_s: float = 50.0
+    """Network bandwidth per GPU in one direction (one 400 Gb/s NIC per GPU): collectives that leave the domain."""
     default_dispatcher: str = "alltoall"
     """Dispatcher used by `dispatcher=auto`."""
     env: dict[str, str] = field(default_factory=dict)

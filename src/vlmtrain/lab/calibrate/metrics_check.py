@@ -3,11 +3,11 @@
     vlmtrain lab metrics-check <run dir of a 1-GPU train.py run>
         [--results results/metrics_check.jsonl]
 
-Independent of vlmtrain.observe.flops (per-layer shape formulas) and of the training-time token counters:
+Independent of vlmtrain.config.flops (per-layer shape formulas) and of the training-time token counters:
 - FLOPs from the parameter counts of the instantiated model (checks.json, per tower): 2 FLOPs per active
   parameter per token (MoE experts weighted top-k / E, embedding lookups excluded) + causal attention
   2*nq*d*s^2 per layer and sequence, and the ViT's bidirectional 4*P^2*h per layer and image; x3 for a trained
-  part, as in vlmtrain.observe.flops' docstring.
+  part, as in vlmtrain.config.flops' docstring.
 - Non-pad tokens by re-tokenizing the very samples each step consumed (Bridge's dataset and cyclic sampler
   order) with the processor directly (chat template + processor call per sample, no collate, no Megatron step).
 - Component times: time_* columns must add up to step_s within TOLERANCE_COMPONENTS.

@@ -144,6 +144,11 @@ def main(args: argparse.Namespace) -> int:
     paths = outputs.write(state, out, command, preset)
     for b in state["budget"]:
         print(f"[tune] {outputs.budget_ended(b)}", flush=True)
+    if args.plan:
+        for stage in state["stages"]:
+            for i, p in enumerate(stage.get("predicted") or [], 1):
+                print(f"[tune] {stage['name']} predicted #{i}: {p['name']}: {p['step_s']:.2f} s/step, "
+                      f"{p['useful_tokens_per_s_per_gpu']:.0f} useful tokens/s/GPU, MFU {p['mfu']:.1%}", flush=True)
     print(f"[tune] {end['why']}\n[tune] next: {end['next']}", flush=True)
     print(f"[tune] report: {paths['md']}" + (f"; preset: {preset}" if preset else ""), flush=True)
     if args.results and winner and preset:

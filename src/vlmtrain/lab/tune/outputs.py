@@ -107,6 +107,19 @@ def _stages(state: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _predicted(state: dict[str, Any]) -> list[str]:
+    """Each stage's candidates by predicted useful tokens/s/GPU (check.speed), beside what the trial measured."""
+    measured = {t["name"]: t["outcome"].get("useful") for t in state["trials"].values()}
+    lines = ["## Predicted before running (check.speed), fastest first", "",
+             "| stage | # | candidate | predicted s/step | predicted useful tok/s/GPU | predicted MFU | measured |",
+             "|---|---|---|---|---|---|---|"]
+    for s in state["stages"]:
+        for i, p in enumerate(s.get("predicted") or [], 1):
+            lines.append(f"| {s['name']} | {i} | {p['name']} | {p['step_s']:.2f} | "
+                         f"{p['useful_tokens_per_s_per_gpu']:.0f} | {p['mfu']:.1%} | {_num(measured.get(p['name']))} |")
+    return lines
+
+
 def _pruned(state: dict[str, Any]) -> list[str]:
     lines = ["## Pruned before running (preflight, the memory estimate included)", "", "| stage | candidate | why |",
              "|---|---|---|"]
@@ -213,7 +226,7 @@ def render(state: dict[str, Any], command: str, preset: Path | None) -> str:
         lines.append(f"| {r['trial']} | {r['stage']} | {r['status']} | {_num(r['useful_tokens_per_s_per_gpu'])} | "
                      f"{runs} | {_num(r['mfu'], '.1%')} | {_num(r['step_s'], '.2f')} | {_num(r['peak_mem_gib'])} | "
                      f"{r['gpu_s']:.0f} | {_num(r['startup_s'])} | {_num(r['measured_steps_s'])} | {r['reason']} |")
-    lines += ["", *_spend(state), "", *_pruned(state), "",
+    lines += ["", *_spend(state), "", *_predicted(state), "", *_pruned(state), "",
               f"Plots: {STAGE_PLOT}, memory_vs_throughput.png, throughput_vs_mbs.png."]
     return "\n".join(lines) + "\n"
 

@@ -26,6 +26,9 @@ from vlmtrain.lab.tune import budget, finalists, ledger, space, trials
 from vlmtrain.lab.tune.budget import OutOfTime
 from vlmtrain.lab.tune.ledger import STATE
 
+PREDICTED = ("step_s", "useful_tokens_per_s_per_gpu", "mfu")
+"""What a stage records of each candidate's prediction (check.speed), fastest first."""
+
 
 @dataclass
 class Entry:
@@ -175,6 +178,8 @@ class Search:
         varied = space.stage_values(stage, run, lay.world_size, lay.gpus_per_node)
         cands = space.prune(self.spec, space.candidates(self.spec, parents, varied), self.node_gpus)
         record["pruned"] = [{"name": c.case.name, "findings": c.findings} for c in cands if c.pruned]
+        record["predicted"] = [{"name": c.case.name, **{k: (c.predicted or {})[k] for k in PREDICTED}}
+                               for c in space.by_prediction(cands)]
         live = [c for c in cands if not c.pruned]
         record["candidates"] = len(cands)
         if not live:  # none: an `around` stage on unpacked survivors

@@ -88,6 +88,8 @@ class Candidate:
     findings: list[str] = field(default_factory=list)
     """Preflight's findings: errors (why it was pruned) first."""
     pruned: bool = False
+    predicted: dict[str, Any] | None = None
+    """check.speed's prediction of a candidate preflight passes (its step, useful tokens/s/GPU, MFU, terms)."""
 
 
 def stage_values(stage: Stage, run: RunConfig, world_size: int, gpus_per_node: int) -> list[dict[str, Any]]:
@@ -148,34 +150,41 @@ def packed_rows(spec: Spec, overrides: list[str], node_gpus: int) -> list[str]:
     return [f"train.global_batch_size={rows}"]
 
 
-def check(overrides: list[str], node_gpus: int) -> list[str]:
+def check(overrides: list[str], node_gpus: int) -> tuple[list[str], dict[str, Any] | None]:
     """Preflight findings of one composed candidate on the world it will run on (errors first), as the -m sweeper
-    checks its jobs; a schema or compose error is one finding."""
+    checks its jobs, and check.speed's prediction where it passes; a schema or compose error is one finding."""
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from vlmtrain.check import preflight
+    from vlmtrain.check import preflight, speed
 
     try:
         run, res = placed_resolved(overrides, node_gpus)
         findings = preflight.check(run, res)
     except (HydraException, OmegaConfBaseException, ValueError) as e:
-        return [f"[error] compose: {' '.join(f'{type(e).__name__}: {e}'.split())}"]
+        return [f"[error] compose: {' '.join(f'{type(e).__name__}: {e}'.split())}"], None
     if run.dispatcher.backend in FLEX and importlib.util.find_spec("deep_ep") is None:
         findings.append(preflight.Finding("dispatcher_installed", preflight.Severity.error,
                                           f"dispatcher={run.dispatcher.backend} needs DeepEP's deep_ep package, "
                                           "which this machine lacks"))
     errors = preflight.errors(findings)
-    return [str(f) for f in errors] + [str(f) for f in findings if f not in errors]
+    predicted = None if errors else speed.predicted(run, res).to_dict()
+    return [str(f) for f in errors] + [str(f) for f in findings if f not in errors], predicted
+
+
+def by_prediction(cands: list[Candidate]) -> list[Candidate]:
+    """The candidates preflight passes, fastest predicted useful tokens/s/GPU first (check.speed)."""
+    return sorted((c for c in cands if not c.pruned and c.predicted),
+                  key=lambda c: -(c.predicted or {})["useful_tokens_per_s_per_gpu"])
 
 
 def prune(spec: Spec, cands: list[Candidate], node_gpus: int) -> list[Candidate]:
     """Size packed candidates' GBS in rows, then mark the candidates preflight refuses (pruned, with the findings
-    that say why); returns all of them."""
+    that say why) and predict the others' speed; returns all of them."""
     for c in cands:
         rows = packed_rows(spec, [*spec.base, *c.case.overrides], node_gpus)
         c.case = dataclasses.replace(c.case, overrides=[*c.case.overrides, *rows])
-        c.findings = check([*spec.base, *c.case.overrides], node_gpus)
+        c.findings, c.predicted = check([*spec.base, *c.case.overrides], node_gpus)
         c.pruned = any(f.startswith("[error]") for f in c.findings)
     return cands
 

@@ -74,19 +74,23 @@ def _backward_factor(trainable: bool, needs_data_grad: bool) -> float:
     return 2.0 if trainable else (1.0 if needs_data_grad else 0.0)
 
 
+def backward_factors(run: RunConfig) -> tuple[float, float, float]:
+    """Backward FLOPs per forward FLOP of (ViT, projector, decoder) under the run's freezes."""
+    vis = run.vision
+    vit_train = not vis.freeze_vision_model
+    proj_train = not vis.freeze_vision_projection
+    return (_backward_factor(vit_train, False), _backward_factor(proj_train, vit_train),
+            _backward_factor(not vis.freeze_language_model, vit_train or proj_train))
+
+
 def step_flops(run: RunConfig, samples: Iterable[dict[str, Any]]) -> Flops:
     """Model FLOPs of fwd+bwd over these samples (each: non-pad `len`, `patches` per image)."""
     samples = list(samples)
-    m, vis = run.model, run.vision
+    m = run.model
     dec_f = decoder_forward(m, (s["len"] for s in samples))
     vit_f, proj_f = vit_forward(m, (p for s in samples for p in s["patches"]))
-    vit_train = not vis.freeze_vision_model
-    proj_train = not vis.freeze_vision_projection
-    lm_train = not vis.freeze_language_model
-    vit = vit_f * (1 + _backward_factor(vit_train, False))
-    proj = proj_f * (1 + _backward_factor(proj_train, vit_train))
-    dec = dec_f * (1 + _backward_factor(lm_train, vit_train or proj_train))
-    return Flops(vit=vit, projector=proj, decoder=dec)
+    vit_b, proj_b, dec_b = backward_factors(run)
+    return Flops(vit=vit_f * (1 + vit_b), projector=proj_f * (1 + proj_b), decoder=dec_f * (1 + dec_b))
 
 
 def mfu(flops: float, step_s: float, world_size: int, peak_tflops: float) -> float:
