@@ -48,7 +48,7 @@ FROZEN_OPTIONS: dict[str, tuple[str, ...]] = {
     "parallelism": ("3d", "auto", "fsdp"),
     "hardware": ("b200", "gb200", "h100", "h200"),
     "dispatcher": ("alltoall", "auto", "deepep", "hybridep"),
-    "recompute": ("full", "none", "selective"),
+    "recompute": ("auto", "full", "none", "selective"),
     "cuda_graph": ("attn_moe_router_preprocess", "moe_router_preprocess", "none"),
     "kernels": ("auto", "default", "fast"),
     "vision": ("frozen", "frozen_with_projector", "trainable"),
