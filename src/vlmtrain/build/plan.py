@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vlmtrain.check import preflight
+from vlmtrain.check import bridge_fields, preflight, refusal
 from vlmtrain.config import redact
 from vlmtrain.config.groups import GROUPS, group_name, kernels, precision
 from vlmtrain.config.groups.train import UNSET_WHY, global_batch_size
@@ -194,26 +194,26 @@ def dry_run(run: RunConfig, res: Resolved) -> int:
     from vlmtrain.build import container, target
 
     quiet_library_logs()
-    findings = preflight.check(run, res)
-    if preflight.errors(findings):
+    findings = preflight.check(run, res) + bridge_fields.findings(run)
+    if errors := preflight.errors(findings):
         print(render(run, res, None, findings, "not attempted (preflight errors)"))
-        return 2
+        return refusal.refuse(run.output_dir, "; ".join(map(str, errors)), printed=True)
     from vlmtrain.data.scan import BadSample
 
     try:
         cfg = container.build(run, res)
     except BadSample as e:  # the data scan (vlmtrain.data.prepare) refused a sample
         print(render(run, res, None, findings, f"not attempted (bad data)\n{e}"))
-        return 2
+        return refusal.refuse(run.output_dir, str(e), printed=True)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")  # quiet_library_logs' filters are for import-time noise
         try:
             target.finalize(run, res, cfg)
         except Exception as e:  # Bridge raises ValueError/AssertionError/RuntimeError from many places
             groups_hint = " ".join(f"{k}={v}" for k, v in run.choices.items())
-            print(render(run, res, cfg, findings, f"FAILED for {groups_hint}: {type(e).__name__}: {e}",
-                         library_warnings(caught)))
-            return 3
+            said = f"FAILED for {groups_hint}: {type(e).__name__}: {e}"
+            print(render(run, res, cfg, findings, said, library_warnings(caught)))
+            return refusal.refuse(run.output_dir, f"Bridge's validation {said}", printed=True, status=3)
     out = Path(run.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     redact.write_bridge_yaml(cfg, out / "bridge_config.yaml")
