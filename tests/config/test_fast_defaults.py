@@ -98,6 +98,16 @@ def test_exported_photos_fill_more_rows_than_a_step(tmp_path):
         assert not preflight.errors(preflight.check(run, res))
 
 
+@pytest.mark.parametrize("data", ["photos", "realistic"])
+def test_no_packed_row_holds_more_than_one_gpus_share_of_a_step(tmp_path, data):
+    """A row holds at most train.global_batch_size / DP samples (the fullest of the data stage's bins, not their
+    mean): on the exported 16 photos rows of 15 and 1 samples had alternated steps of 15 and 1."""
+    source = export("jsonl", tmp_path / "photos")["overrides"] if data == "photos" else H1[:3]
+    run, res = placed(*source, "gpus_per_node=1", tmp=str(tmp_path / "run"))
+    assert res.packing_capacity
+    assert prepare.lengths(run).fullest(res.packing_capacity, res.pack_align) <= 8
+
+
 def test_h1_validation_on_the_defaults_fills_an_evaluation_batch(tmp_path):
     """The settled row packs the held-out 5 % into at least one evaluation batch, as the data stage bins them; a
     row set by hand that cannot is refused by preflight, counting packed rows, before the data stage."""

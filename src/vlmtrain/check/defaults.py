@@ -243,8 +243,10 @@ def _kernels(run: RunConfig, three_d: bool) -> list[Auto]:
             out.append(Auto(f"kernels.{name}", "off", why_not))
             continue
         setattr(k, name, value)
-        out.append(Auto(f"kernels.{name}", str(value).lower() if isinstance(value, bool) else str(value),
-                        f"proven for model={run.model.name} on {on} (docs/measurements.md)"))
+        why = (f"proven for model={run.model.name} on {on} (docs/measurements.md)" if sm90 else
+               "exact on any GPU (tested beside Bridge's code on CPU, or the loader's host work); its speed was "
+               f"measured on SM90 (H100/H200) only, not yet on {on}")
+        out.append(Auto(f"kernels.{name}", str(value).lower() if isinstance(value, bool) else str(value), why))
     return out
 
 
@@ -340,8 +342,9 @@ def _packing(run: RunConfig) -> list[Auto]:
 
 def _packed_step(run: RunConfig) -> tuple[Packed | None, str]:
     """The largest capacity from PACK_ROWS x train.seq_length down to the longest sample (steps of PACK_STEP,
-    aligned) whose memory estimate stays within memory.TIGHT of the card and whose rows hold at most one GPU's
-    share of the command's train.global_batch_size samples, with the rows per step that carry about as many
+    aligned) whose memory estimate stays within memory.TIGHT of the card and whose every row (the fullest of the
+    data stage's bins, not their mean) holds at most one GPU's share of the command's train.global_batch_size
+    samples, with the rows per step that carry about as many
     (packed, a step holds whole rows); its epoch and held-out set must fill one step and one evaluation batch of
     rows. (None, why not) where no capacity does."""
     lengths = prepare.lengths(run)
@@ -370,9 +373,10 @@ def _packed_step(run: RunConfig) -> tuple[Packed | None, str]:
         train_rows, held_rows = lengths.rows(cap, align)
         per_row = n / train_rows
         rows = dp * int(share / per_row + 0.5)
-        if per_row > share:
+        if (fullest := lengths.fullest(cap, align)) > share:
             why = (f"train.global_batch_size={gbs} over DP {dp} is {share:g} sample(s) per GPU per step, fewer than "
-                   f"the smallest packed row holds (~{per_row:.1f}): packing would change the samples a step trains")
+                   f"a packed row holds even at the smallest capacity (its fullest: {fullest}): packing would change "
+                   "the samples a step trains")
         elif train_rows < rows or (train_rows == rows and n > gbs):
             why = (f"the {n} training samples fill {train_rows} packed rows, no more than one step's {rows}: every "
                    "step would train the same rows")
