@@ -69,7 +69,7 @@ def batch_text(run: RunConfig, res: Resolved) -> str:
         return f"{gbs} packed rows per step (the samples they hold: the data stage's bins)"
     rows = lengths.rows(cap, res.pack_align)[0]
     per_row = len(lengths.train) / rows
-    asked = "the samples per step settled for an unset one" if settled and settled.startswith(UNSET_WHY) else \
+    asked = "the defaults' samples per step (it was unset)" if settled and settled.startswith(UNSET_WHY) else \
         "the command's samples per step"
     counted = (f"train.global_batch_size settled from {asked} to rows (auto)" if settled else
                "train.global_batch_size counts rows (data.packing set)")
