@@ -112,8 +112,8 @@ def _fitted(run: RunConfig, picks: list[Auto]) -> list[Auto]:
     """`picks` plus packing settled (`_packing`), then, while the memory estimate leaves less headroom than
     preflight warns at (memory.TIGHT), the exact memory reliefs in turn (RELIEFS, cheapest first), packing settled
     again after each. Nothing is relieved where the first settling fits, nor where data.packing was set (the run
-    named its row: a preset keeps what it measured, and preflight judges it); where none fits, all are kept and preflight judges the
-    estimate (memory_fits names the least world that fits)."""
+    named its row: a preset keeps what it measured, and preflight judges it); where none fits, all are kept and
+    preflight judges the estimate (memory_fits names the least world that fits)."""
     gbs, packing = run.train.global_batch_size, run.data.packing
     packed = _packing(run)
     for relieve in RELIEFS if packing == AUTO and not _unplaceable(run) else ():
