@@ -26,5 +26,6 @@ if __name__ == "__main__":
 
     # A typo'd key would get Hydra's bare "Key 'x' not in 'TrainConfig'" and a hint to add `+`: name the valid keys.
     if problem := check_args(sys.argv[1:]):
-        sys.exit(f"[vlmtrain] {problem}")
+        print(f"[vlmtrain] {problem}", file=sys.stderr)
+        sys.exit(2)
     main()

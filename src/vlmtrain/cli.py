@@ -11,7 +11,11 @@ def _report(args: argparse.Namespace) -> int:
     """Write the sweep report; imported lazily so `vlmtrain --help` stays fast."""
     from vlmtrain.report import write_report
 
-    paths = write_report(args.source, args.out)
+    try:
+        paths = write_report(args.source, args.out)
+    except FileNotFoundError as e:
+        print(f"vlmtrain report: {e}", file=sys.stderr)
+        return 2
     for path in paths.values():
         print(path)
     return 0
@@ -75,7 +79,7 @@ def _data_check(args: argparse.Namespace) -> int:
     _quiet_datasets()
     try:
         report = prepare.scan(compose(args.overrides))
-    except FileNotFoundError as e:
+    except (FileNotFoundError, ValueError) as e:  # ValueError: a value the schema refuses, named with the fix
         print(f"vlmtrain data check: {e}", file=sys.stderr)
         return 2
     if report is None:
@@ -91,7 +95,7 @@ def _export(args: argparse.Namespace) -> int:
     """A run's checkpoint as a Hugging Face checkpoint; imported lazily like report."""
     from vlmtrain.train import hf_export
 
-    return hf_export.main(args.run_dir, args.iteration, args.out, args.hf_path)
+    return hf_export.main(args.run_dir, args.iteration, args.out, args.hf_path, args.launcher)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -150,12 +154,16 @@ def parser() -> argparse.ArgumentParser:
     chk.set_defaults(func=_data_check)
     hfx = sub.add_parser("export", help="a run's checkpoint as a Hugging Face checkpoint (from_pretrained loads it)",
                          description="Convert a run's saved checkpoint (torch_dist or fsdp_dtensor) into a Hugging "
-                         "Face checkpoint with Megatron Bridge's exporter, on a GPU node: config, safetensors and "
-                         "processor in OUT, moved there once complete.")
+                         "Face checkpoint with Megatron Bridge's exporter, on a GPU node (an fsdp_dtensor one of more "
+                         "GPUs resharded into its GPUs) or through Slurm on the run's own world: config, safetensors "
+                         "and processor in OUT, moved there once complete.")
     hfx.add_argument("run_dir", type=Path, help="the run dir (holds run_config.yaml)")
     hfx.add_argument("--iteration", type=int, help="a saved iteration (default: the latest checkpointed)")
     hfx.add_argument("--out", required=True, type=Path, help="an empty or new folder")
     hfx.add_argument("--hf-path", help="where the run's model.hf_path checkpoint is now, if it moved")
+    hfx.add_argument("launcher", nargs="*", help="fsdp_dtensor only: hydra/launcher=slurm [hydra.launcher.<key>="
+                     "<value> ...] exports on the run's own world through Slurm (else on this node's GPUs, resharded "
+                     "where the run had more); anywhere on the line")
     hfx.set_defaults(func=_export)
     from vlmtrain.lab import experiments  # the experiments' argparse definitions: no torch, no Bridge
 
@@ -165,7 +173,12 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = parser().parse_args(argv)
+    ap = parser()
+    args, extra = ap.parse_known_args(argv)
+    if extra and args.command != "export":
+        ap.error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra:  # the export's launcher overrides after its options (argparse fills a trailing positional once)
+        args.launcher = [*args.launcher, *extra]
     args.argv = argv  # the command line as typed, for an experiment's rows
     return args.func(args)
 

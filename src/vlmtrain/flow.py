@@ -8,7 +8,7 @@ from omegaconf import DictConfig
 
 from vlmtrain import worker
 from vlmtrain.build import plan
-from vlmtrain.check import preflight, speed
+from vlmtrain.check import bridge_fields, preflight, refusal, speed
 from vlmtrain.check.defaults import placed
 from vlmtrain.config import world
 from vlmtrain.config.compose import to_run
@@ -59,7 +59,10 @@ def main(cfg: DictConfig) -> int:
 
     launched = startup.mark_launch()
     hc = HydraConfig.get()
-    run = to_run(cfg, hc, hc.runtime.output_dir)
+    try:
+        run = to_run(cfg, hc, hc.runtime.output_dir)
+    except ValueError as e:  # a value the schema refuses (data.packing=yes): its message names the fix
+        return refusal.refuse(hc.runtime.output_dir, str(e))
     if hc.mode == RunMode.MULTIRUN and run.wandb.group is None:
         run.wandb.group = wandb_run.sweep_group(hc.sweep.dir)
     gpus = world.local_gpus()
@@ -67,14 +70,15 @@ def main(cfg: DictConfig) -> int:
     try:
         _, res = placed(run, gpus, slurm_tasks_per_node=tasks)  # later stages read layout and settled defaults here
     except world.NoGpuError as e:
-        print(f"[vlmtrain] {e}", file=sys.stderr)
-        return 2
+        return refusal.refuse(run.output_dir, str(e))
     if world.is_dry_run(run, gpus):
         if run.dry_run is None:
             print("[vlmtrain] no GPU on this machine: printing the dry-run plan (dry_run=false forces training).")
         return slurm.in_process(run, res, None) if slurm.under_slurm() else plan.dry_run(run, res)
-    if refused(preflight.check(run, res)):
-        return 2
+    # +bridge.* fields are checked against Bridge's classes, which import torch: not in a Slurm task before its env
+    findings = preflight.check(run, res) + ([] if slurm.under_slurm() else bridge_fields.findings(run))
+    if refused(findings):
+        return refusal.refuse(run.output_dir, "; ".join(str(f) for f in preflight.errors(findings)), printed=True)
     if not slurm.under_slurm() or slurm.slurm_rank_env()["RANK"] == "0":  # one writer per run dir
         speed.save(speed.predicted(run, res), run.output_dir)  # what the report puts beside the measured step
     if slurm.under_slurm():
@@ -82,6 +86,7 @@ def main(cfg: DictConfig) -> int:
     try:
         prepare.prepare(run, res)  # scan the data once, here, before torchrun starts the ranks
     except BadSample as e:
-        print(f"[vlmtrain] {e}", file=sys.stderr)
-        return 2
+        return refusal.refuse(run.output_dir, str(e))
+    if problem := local.unlaunchable(res.layout, gpus):
+        return refusal.refuse(run.output_dir, problem)
     return failure.exit_status(local.launch(run, res), run.output_dir, since=launched)

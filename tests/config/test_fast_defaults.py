@@ -98,6 +98,16 @@ def test_exported_photos_fill_more_rows_than_a_step(tmp_path):
         assert not preflight.errors(preflight.check(run, res))
 
 
+@pytest.mark.parametrize("data", ["photos", "realistic"])
+def test_no_packed_row_holds_more_than_one_gpus_share_of_a_step(tmp_path, data):
+    """A row holds at most train.global_batch_size / DP samples (the fullest of the data stage's bins, not their
+    mean): on the exported 16 photos rows of 15 and 1 samples had alternated steps of 15 and 1."""
+    source = export("jsonl", tmp_path / "photos")["overrides"] if data == "photos" else H1[:3]
+    run, res = placed(*source, "gpus_per_node=1", tmp=str(tmp_path / "run"))
+    assert res.packing_capacity
+    assert prepare.lengths(run).fullest(res.packing_capacity, res.pack_align) <= 8
+
+
 def test_h1_validation_on_the_defaults_fills_an_evaluation_batch(tmp_path):
     """The settled row packs the held-out 5 % into at least one evaluation batch, as the data stage bins them; a
     row set by hand that cannot is refused by preflight, counting packed rows, before the data stage."""
@@ -199,3 +209,72 @@ def test_settled_values_round_trip_in_run_json(tmp_path):
     resolving.save(res, tmp_path)
     assert resolving.load(tmp_path) == res and res.auto
     assert defaults.settle(run).auto == ()  # settled once: nothing auto is left
+
+
+CLUSTER = {
+    "b200x16": ["hardware=b200", "gpus_per_node=8", "nodes=2"],
+    "gb200x16": ["hardware=gb200", "nodes=4"],
+    "h200x16": ["hardware=h200", "nodes=2"],
+    "h100x32": ["hardware=h100", "gpus_per_node=8", "nodes=4"],
+    "gb200x64": ["hardware=gb200", "nodes=16"],
+}
+"""The first cluster runs a new user tries: each model with data=realistic and the world, nothing else."""
+
+
+@pytest.mark.parametrize("model", ["qwen3_vl_30b_a3b", "qwen35_vl_35b_a3b"])
+@pytest.mark.parametrize("world", CLUSTER, ids=list(CLUSTER))
+def test_an_unset_global_batch_is_settled_from_the_world(model, world):
+    """Left unset, train.global_batch_size is 8 samples per step raised to one micro-batch per data-parallel rank,
+    and preflight finds nothing to warn of or refuse: only what the defaults left off (info)."""
+    run, res = placed(f"model={model}", "data=realistic", *CLUSTER[world])
+    dp = res.layout.dp
+    assert dp >= 16 and run.train.global_batch_size == max(8, dp) and res.grad_accum == 1
+    auto = {a.option: a for a in res.auto}
+    assert f"x DP = 1 x {dp} at or above it" in auto["train.global_batch_size"].why
+    findings = preflight.check(run, res)
+    assert {f.severity for f in findings} <= {preflight.Severity.info}, [str(f) for f in findings]
+    assert plan.batch_text(run, res).startswith(f"{dp} samples per step (train.global_batch_size unset: 8 samples "
+                                                f"per step, raised to {dp}")
+
+
+def test_a_set_global_batch_is_kept_and_refused_where_it_does_not_divide():
+    run, res = placed("model=qwen3_vl_30b_a3b", "data=realistic", *CLUSTER["gb200x16"], "train.global_batch_size=8")
+    assert run.train.global_batch_size == 8 and "train.global_batch_size" not in {a.option for a in res.auto}
+    found = {f.rule: f.message for f in preflight.errors(preflight.check(run, res))}
+    assert "train.global_batch_size=8 is not a multiple of micro_batch_size x DP = 1 x 16" in found[
+        "global_batch_divisible"]
+    run, res = placed("experiment=fsdp_first_gb200")  # a preset's batch is its own
+    assert run.train.global_batch_size == 256 and "train.global_batch_size" not in {a.option for a in res.auto}
+
+
+def test_one_gpu_still_trains_eight_samples_per_step():
+    run, res = placed("model=tiny", "gpus_per_node=1", "data.packing=false")
+    assert run.train.global_batch_size == 8 and res.grad_accum == 8
+    assert plan.batch_text(run, res) == "8 samples per step (train.global_batch_size unset: 8 samples per step)"
+
+
+def test_qwen3_vl_235b_fits_64_gb200_with_the_defaults():
+    """The defaults relieve memory (recompute, the cheapest first) until the estimate keeps preflight's headroom;
+    they never freeze a tower, and every relief is recorded with why."""
+    run, res = placed("model=qwen3_vl_235b_a22b", "data=realistic", *CLUSTER["gb200x64"])
+    assert memory.estimate(run, res).total <= memory.TIGHT * run.hardware.memory_gib
+    assert {f.severity for f in preflight.check(run, res)} <= {preflight.Severity.info}
+    assert not run.vision.freeze_vision_model and not run.vision.freeze_vision_projection
+    auto = {a.option: a.value for a in res.auto}
+    assert auto["recompute"] == "selective" and run.recompute.granularity == "selective"
+    assert run.parallelism.kind == "fsdp" and res.layout.ep == 64  # EP spans the nodes
+
+
+def test_qwen3_vl_235b_below_its_least_world_names_it_and_nothing_in_effect():
+    """Refused at 16 GB200 after every relief: one message naming the least GB200 world that fits (which does),
+    and no override that is already in effect."""
+    run, res = placed("model=qwen3_vl_235b_a22b", "data=realistic", *CLUSTER["gb200x16"])
+    found = {f.rule: f.message for f in preflight.errors(preflight.check(run, res))}
+    msg = found["memory_fits"]
+    assert "\n" not in msg and "it needs at least 32 x gb200 (nodes=8 gpus_per_node=4)" in msg
+    advice = msg.split(". Try ")[1]
+    tries = advice.split(". Model state")[0]
+    assert "parallelism=fsdp" not in advice and "recompute=selective" not in tries and "optimizer" not in tries
+    assert "recompute=full with vision=frozen_with_projector" in tries  # vision is the user's to freeze
+    bigger, res = placed("model=qwen3_vl_235b_a22b", "data=realistic", "hardware=gb200", "nodes=8")
+    assert not preflight.errors(preflight.check(bigger, res))

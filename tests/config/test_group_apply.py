@@ -48,7 +48,7 @@ FROZEN_OPTIONS: dict[str, tuple[str, ...]] = {
     "parallelism": ("3d", "auto", "fsdp"),
     "hardware": ("b200", "gb200", "h100", "h200"),
     "dispatcher": ("alltoall", "auto", "deepep", "hybridep"),
-    "recompute": ("full", "none", "selective"),
+    "recompute": ("auto", "full", "none", "selective"),
     "cuda_graph": ("attn_moe_router_preprocess", "moe_router_preprocess", "none"),
     "kernels": ("auto", "default", "fast"),
     "vision": ("frozen", "frozen_with_projector", "trainable"),
@@ -134,6 +134,29 @@ def test_unknown_bridge_override_is_rejected(compose, bridge):
     run = compose("+bridge.model.moe_aux_loss_coef=0.0")
     with pytest.raises(OverridesError, match="moe_aux_loss_coef"):
         container.build(run, resolve(run))
+
+
+@pytest.mark.parametrize(("override", "said"), [
+    ("+bridge.model.moe_aux_loss_coef=0.0", "+bridge.model (Bridge's Qwen3VLMoEModelProvider) has no field "
+     "'moe_aux_loss_coef'. Did you mean +bridge.model.moe_aux_loss_coeff?"),
+    ("+bridge.optimizer.lrr=1e-4", "+bridge.optimizer (Bridge's OptimizerConfig) has no field 'lrr'. Did you mean "
+     "+bridge.optimizer.lr?"),
+    ("+bridge.trian.train_iters=3", "Bridge's ConfigContainer has no section 'trian'. Did you mean +bridge.train?"),
+])
+def test_a_bridge_field_typo_is_refused_before_the_build_naming_the_closest(dry_run, tmp_path, override, said):
+    """Bridge's own classes say what exists: the dry run refuses with one preflight error and status 2 (where
+    Bridge's parser raised three chained tracebacks with Hydra's hint for its own command line)."""
+    status, printed = dry_run(override, run_dir=tmp_path)
+    assert status == 2 and f"[error] bridge_field_exists: {override.split('=')[0]}: {said}" in printed
+    assert "Bridge validation: not attempted (preflight errors)" in printed
+
+
+def test_real_bridge_fields_pass(compose, bridge):
+    from vlmtrain.check import bridge_fields
+
+    run = compose("+bridge.model.moe_router_force_load_balancing=true", "+bridge.ddp.bucket_size=1000",
+                  "+bridge.validation.eval_global_batch_size=8", "model=qwen35_vl_35b_a3b")
+    assert bridge_fields.findings(run) == []
 
 
 def test_resolved_configs_round_trip_to_yaml(compose, bridge, tmp_path):

@@ -102,6 +102,14 @@ TABLE: list[tuple[list[str], dict[str, object]]] = [
         ["recompute=selective"],
         {"model.recompute_granularity": "selective", "model.recompute_modules": ["core_attn", "moe_act", "layernorm"]},
     ),
+    (  # the default before check.defaults settles it (a run resolved without placement): no recompute
+        ["recompute=auto"],
+        {"model.recompute_granularity": None, "model.recompute_modules": [], "model.recompute_method": None},
+    ),
+    (  # the defaults' second memory relief: the whole MoE block recomputed from its input
+        ["recompute=selective", "recompute.modules=[core_attn,layernorm,moe]"],
+        {"model.recompute_granularity": "selective", "model.recompute_modules": ["core_attn", "layernorm", "moe"]},
+    ),
     (
         ["recompute=full", "vision=frozen_with_projector"],  # preflight: full recompute needs the projector frozen
         {"model.recompute_granularity": "full", "model.recompute_method": "uniform", "model.recompute_num_layers": 1},

@@ -62,11 +62,11 @@ def gpu_node(tmp_path: Path, gpus: int) -> dict[str, str]:
     return env
 
 
-MBS_1_2 = ["hydra.sweeper.preflight_only=true", "train.micro_batch_size=1,2"]
+MBS_1_2 = ["hydra.sweeper.preflight_only=true", "train.micro_batch_size=1,2", "train.global_batch_size=8"]
 
 
 @pytest.mark.parametrize(("gpus", "overrides", "world", "rows"), [
-    # GBS 8 = MBS x DP x accumulation: MBS 2 fits 1 GPU, not the hardware group's 8
+    # GBS 8 (set: unset, the defaults raise it) = MBS x DP x accumulation: MBS 2 fits 1 GPU, not the hardware's 8
     (1, [], "1 node x 1 GPU (local)", ["0", "1"]),
     (1, ["hydra/launcher=submitit_local"], "1 node x 1 GPU (local)", ["0", "1"]),
     (1, ["dry_run=true"], "1 node x 8 GPUs (declared, dry run)", ["0", "SKIP"]),
@@ -119,13 +119,14 @@ def test_placement_refuses_training_without_a_gpu() -> None:
 
 def test_preflight_table_numbering_and_file(tmp_path: Path) -> None:
     out = multirun(tmp_path, "hydra.sweeper.preflight_only=true", "hardware=gb200,h100",
-                   "train.micro_batch_size=1,2,3", "gpus_per_node=2")
+                   "train.micro_batch_size=1,2,3", "gpus_per_node=2", "train.global_batch_size=8")
     assert out.returncode == 0, out.stderr
     report = json.loads((tmp_path / "preflight.json").read_text())
-    assert report["launched"] == [[f"hardware={h}", f"train.micro_batch_size={m}", "gpus_per_node=2"]
-                                  for h in ("gb200", "h100") for m in (1, 2)]
-    assert [s["job"] for s in report["skipped"]] == [f"hardware={h} train.micro_batch_size=3 gpus_per_node=2"
-                                                    for h in ("gb200", "h100")]
+    assert report["launched"] == [] and report["passed"] == [
+        [f"hardware={h}", f"train.micro_batch_size={m}", "gpus_per_node=2", "train.global_batch_size=8"]
+        for h in ("gb200", "h100") for m in (1, 2)]
+    assert [s["job"] for s in report["skipped"]] == [
+        f"hardware={h} train.micro_batch_size=3 gpus_per_node=2 train.global_batch_size=8" for h in ("gb200", "h100")]
     assert all(s["findings"][0].startswith("[error] global_batch_divisible: ") for s in report["skipped"])
     rows = [line.split()[0] for line in out.stdout.splitlines() if "train.micro_batch_size=" in line]
     assert rows == ["0", "1", "SKIP", "2", "3", "SKIP"]
@@ -146,23 +147,42 @@ def test_nothing_launches_when_preflight_stops_the_sweep(tmp_path: Path, overrid
 
 def test_failing_job_does_not_stop_the_sweep(tmp_path: Path) -> None:
     """Job 0 passes preflight (its rule is ignored) but Bridge's validation fails (status 3): the basic launcher
-    still runs job 1, the sweep report is written, and the sweep exits 1 naming the failed job. Real dry runs
-    (imports Bridge once, ~30-90 s)."""
+    still runs job 1, the sweep report is written, and the sweep exits 1 with one message naming the failed job and
+    why, no traceback. Real dry runs (imports Bridge once, ~30-90 s)."""
     out = multirun(tmp_path, "dry_run=true", "train.global_batch_size=7,8",
                    "preflight.ignore=[global_batch_divisible]", timeout=600)
     assert out.returncode == 1, out.stdout + out.stderr
+    assert "Traceback" not in out.stderr
     assert "1 of 2 launched job(s) failed" in out.stderr
-    assert "#0 dry_run=True train.global_batch_size=7" in out.stderr
-    assert "RunFailed: run ended with status 3" in out.stderr
+    (line,) = [x for x in out.stderr.splitlines() if x.startswith("  #0 ")]
+    assert "train.global_batch_size=7" in line and ": refused (status 3): Bridge's validation FAILED for " in line
     first, second = job_dirs(tmp_path)
     assert first.name.startswith("0_") and not (first / "bridge_config.yaml").exists()
     assert second.name.startswith("1_") and (second / "bridge_config.yaml").is_file()
     assert "sweep done: 1 of 2 launched job(s) completed, 1 failed" in out.stdout
-    # conf/train.yaml's report callback still ran (Hydra skips on_multirun_end when the sweep raises): the sweep
-    # report covers both jobs (the failed plan printed to stdout only, so its job dir holds no error to quote)
+    # conf/train.yaml's report callback still ran (Hydra skips on_multirun_end when the sweeper does not return):
+    # the sweep report covers both jobs, the failed one with the reason its plan gave
     md = (tmp_path / "report.md").read_text()
-    assert "| #0 | incomplete | no metrics and no error in the logs |" in md
+    assert "| #0 | refused before any GPU work | Bridge's validation FAILED for " in md
     assert "| #1 | dry run (planned, not trained) |" in md
+
+
+def test_a_job_the_data_scan_refuses_is_reported_with_its_reason(tmp_path: Path) -> None:
+    """Training jobs on a corrupt export (dry_run=false on a 1-GPU node): each is refused by the data scan before
+    torchrun; the sweep ends with status 1, one message per job and why, no traceback, and the report quotes the
+    scan where it said "incomplete: no metrics and no error in the logs". No Bridge import."""
+    from vlmtrain.data.export import export
+
+    data = export("jsonl", tmp_path / "data", corrupt=1)
+    sweep = tmp_path / "sweep"
+    cmd = [sys.executable, "train.py", "-m", f"hydra.sweep.dir={sweep}", *data["overrides"], "dry_run=false",
+           "gpus_per_node=1", "train.micro_batch_size=1,2"]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=gpu_node(tmp_path, 1))
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "Traceback" not in out.stderr and "2 of 2 launched job(s) failed" in out.stderr
+    assert out.stderr.count("refused (status 2): data=jsonl") == 2
+    md = (sweep / "report.md").read_text()
+    assert md.count("| refused before any GPU work | data=jsonl ") == 2 and "| incomplete |" not in md
 
 
 def test_rank_record_keeps_earlier_attempts(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from vlmtrain.config.compose import compose
 from vlmtrain.config.resolve import resolve
 from vlmtrain.data.export import export as export_data
 from vlmtrain.lab.checks import tiny_hf
+from vlmtrain.launch import slurm
 from vlmtrain.launch.local import save_run_config
 from vlmtrain.train import hf_export
 from vlmtrain.train.hf_export import ExportError, locate
@@ -109,14 +110,15 @@ def test_cli_names_the_error_and_exits_2(tmp_path: Path, capsys: pytest.CaptureF
     assert not (tmp_path / "out").exists()
 
 
-def test_fsdp_dtensor_needs_the_runs_world_on_this_node(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """An fsdp_dtensor export runs on the run's own ranks: on a node with fewer GPUs (this CPU machine has none)
-    it is refused, naming both, before the output dir is created."""
+def test_fsdp_dtensor_needs_gpu_ranks_and_names_both_ways(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An fsdp_dtensor export runs on GPU ranks: on this CPU machine it is refused, naming a GPU node (resharded
+    into its GPUs) or the run's own world through Slurm, before the output dir is created."""
     run, ckpt = run_dir(tmp_path)
     checkpoint(ckpt, 2, marker=".metadata")
     assert cli_main(["export", str(run), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
-    assert "exported on the run's own world (1 node(s) x 8 GPUs) on one node, and this node has 0 GPU(s)" in err
+    assert "is an fsdp_dtensor checkpoint, loaded by GPU ranks, and this node has no GPU" in err
+    assert "or on the run's own world (1 node(s) x 8 GPUs) through Slurm" in err
     assert not (tmp_path / "out").exists()
 
 
@@ -209,3 +211,108 @@ def test_the_fsdp_export_ranks_build_the_runs_model_without_its_data(bridge, cac
 
     assert fields(built) == fields(trained)
     assert ranks.output_dir == str(run / "export-iter_0000002") and ranks.train.checkpoint_dir == str(ckpt)
+
+
+def test_a_release_tracker_is_named_with_the_saved_iterations(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """Megatron's tracker holds `release` for a release checkpoint: one message and status 2, not int()'s traceback;
+    --iteration picks a saved one."""
+    run, ckpt = run_dir(tmp_path)
+    checkpoint(ckpt, 2)
+    (ckpt / "latest_checkpointed_iteration.txt").write_text("release\n")
+    assert cli_main(["export", str(run), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "holds 'release' (a release checkpoint, in" in err and "pass --iteration N, one of 2" in err
+    assert locate(run, 2, tmp_path / "out").iteration == 2
+
+
+def test_a_bad_hf_path_is_named_as_the_flag(tmp_path: Path) -> None:
+    """--hf-path pointing at no checkpoint is reported as --hf-path, the setting the user typed."""
+    first = tiny_hf.build("qwen3_vl", tmp_path / "hf", num_layers=2)
+    run, ckpt = run_dir(tmp_path, 2, f"model.hf_path={first}", "model.num_layers=2")
+    checkpoint(ckpt, 2)
+    with pytest.raises(ExportError, match=f"--hf-path={tmp_path / 'nowhere'} has no config.json"):
+        locate(run, None, tmp_path / "out", str(tmp_path / "nowhere"))
+
+
+EXPERTS = 8  # model=tiny's
+SAVED_RANKS, EXPORT_RANKS = 4, 2
+
+
+def dcp_rank(rank: int, world: int, ckpt: str, store: str, load: bool, experts: int) -> None:
+    """One gloo rank of a Megatron-FSDP-shaped fsdp_dtensor checkpoint: every tensor a DTensor sharded on dim 0 over
+    the ranks, experts under global indices; `load`: read it back into this (different) world, through torch DCP's
+    own planner, and compare with the values saved."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    mesh = init_device_mesh("cpu", (world,))
+    full = {"model.decoder.layers.0.self_attention.linear_qkv.weight": torch.arange(96.0).reshape(24, 4)}
+    full |= {f"model.decoder.layers.0.mlp.experts.linear_fc1.weight{e}": torch.full((8, 4), float(e))
+             for e in range(experts)}
+    sharded = {k: distribute_tensor(v if not load else torch.zeros_like(v), mesh, [Shard(0)]) for k, v in full.items()}
+    if load:
+        dcp.load(sharded, checkpoint_id=ckpt)
+        assert all(torch.equal(sharded[k].full_tensor(), v) for k, v in full.items())
+    else:
+        dcp.save({**sharded, "optimizer.state.step": torch.tensor(3.0)}, checkpoint_id=ckpt)
+    dist.destroy_process_group()
+
+
+def dcp_world(tmp: Path, world: int, ckpt: Path, load: bool = False, experts: int = EXPERTS) -> None:
+    import torch.multiprocessing as mp
+
+    mp.spawn(dcp_rank, args=(world, str(ckpt), str(tmp / f"store-{world}-{load}"), load, experts), nprocs=world)
+
+
+def test_a_multi_node_fsdp_checkpoint_reshards_into_this_nodes_gpus(tmp_path: Path) -> None:
+    """A run of 2 nodes x 2 GPUs saved real DCP files (4 gloo ranks): on a node with 2 GPUs the export reshards it
+    (its plan: every tensor covered, all experts under global indices, EP re-sized to the 2 GPUs), the memory
+    estimate of the resharded state fits, and torch DCP's planner reads those files into 2 ranks exactly."""
+    run, ckpt = run_dir(tmp_path, 2, "parallelism=fsdp", "nodes=2", "gpus_per_node=2")
+    d = checkpoint(ckpt, 2, marker="train_state.pt")
+    dcp_world(tmp_path, SAVED_RANKS, d)
+    src = locate(run, None, tmp_path / "out")
+    assert (src.ckpt_format, src.ranks) == ("fsdp_dtensor", 4)
+    where = hf_export.check_node(src, EXPORT_RANKS)
+    assert where == hf_export.Where(EXPORT_RANKS, resharded=True)
+    lay = hf_export.export_layout(src, EXPORT_RANKS)
+    assert (lay.nodes, lay.world_size, lay.ep) == (1, 2, 2)
+    plan = hf_export.reshard_plan(d, src.run, lay)
+    assert plan.tensors == 1 + EXPERTS and plan.experts == {"model.decoder.layers.0.mlp.experts": set(range(8))}
+    assert plan.model_bytes == (96 + EXPERTS * 32) * 4  # the optimizer's keys are not read
+    ranks = hf_export.export_run(src, EXPORT_RANKS)
+    assert (ranks.nodes, ranks.gpus_per_node, ranks.train.global_batch_size % 2) == (1, 2, 0)
+    dcp_world(tmp_path, EXPORT_RANKS, d, load=True)
+
+
+def test_a_checkpoint_missing_experts_is_named_before_any_rank(tmp_path: Path) -> None:
+    run, ckpt = run_dir(tmp_path, 2, "parallelism=fsdp", "nodes=2", "gpus_per_node=2")
+    d = checkpoint(ckpt, 2, marker="train_state.pt")
+    dcp_world(tmp_path, SAVED_RANKS, d, experts=EXPERTS - 2)
+    with pytest.raises(ExportError, match=r"mlp.experts holds 6 of model.num_experts=8 experts \(missing \[6, 7\]\)"):
+        hf_export.check_node(locate(run, None, tmp_path / "out"), EXPORT_RANKS)
+
+
+def test_the_seeds_16_node_run_exports_through_slurm_on_its_own_world(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """experiment=fsdp_first_gb200 (16 nodes x 4 GB200): here (no GPU) the export names both ways; with
+    hydra/launcher=slurm it is submitted as training is, one task per GPU of the run's 16 nodes (the launcher
+    config resolved as a -m job's, mapped onto submitit's executor as hydra-submitit-launcher maps it)."""
+    run, ckpt = run_dir(tmp_path, 2, "experiment=fsdp_first_gb200")
+    checkpoint(ckpt, 2, marker=".metadata")
+    assert cli_main(["export", str(run), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "this node has no GPU" in err and f"vlmtrain export {run} --out <dir> hydra/launcher=slurm" in err
+    src = locate(run, None, tmp_path / "out")
+    where = hf_export.check_node(src, 0, ["hydra/launcher=slurm", "hydra.launcher.partition=batch"])
+    assert where.gpus == 64 and not where.resharded
+    init, params = slurm.executor_params(where.slurm, str(tmp_path / "slurm"))
+    assert init == {"folder": str(tmp_path / "slurm"), "slurm_max_num_timeout": 3}
+    assert (params["nodes"], params["tasks_per_node"], params["gpus_per_node"]) == (16, 4, 4)
+    assert params["slurm_partition"] == "batch" and params["slurm_signal_delay_s"] == 300
+    with pytest.raises(ExportError, match="the export takes hydra/launcher=slurm"):
+        hf_export.check_node(src, 0, ["hydra.launcher.partition=batch"])

@@ -48,9 +48,10 @@ def test_unknown_group_option_lists_available_options():
 
 
 def test_train_py_names_the_valid_keys_for_a_typo():
-    """`python train.py train.micro_batch=2` (and its -m form) exits 1 naming the closest key, before Hydra."""
+    """`python train.py train.micro_batch=2` (and its -m form) exits 2 naming the closest key, before Hydra (as
+    `vlmtrain data check` does)."""
     for args in (["train.micro_batch=2"], ["-m", "train.micro_batch=1,2"]):
         out = subprocess.run([sys.executable, str(ROOT / "train.py"), *args], capture_output=True, text=True, cwd=ROOT)
-        assert out.returncode == 1, out.stderr
+        assert out.returncode == 2, out.stderr
         assert "Did you mean train.micro_batch_size?" in out.stderr and "global_batch_size" in out.stderr
         assert "not in 'TrainConfig'" not in out.stderr

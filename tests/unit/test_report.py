@@ -256,3 +256,37 @@ def test_callback_writes_the_report_and_never_raises(sweep: Path, tmp_path: Path
 def test_cli_report(sweep: Path, tmp_path: Path) -> None:
     assert cli.main(["report", str(sweep), "--out", str(tmp_path / "out")]) == 0
     assert {p.name for p in (tmp_path / "out").iterdir()} == {"report.md", "report.csv", *report.PLOTS.values()}
+
+
+def test_a_missing_source_is_one_message(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["report", str(tmp_path / "nowhere")]) == 2
+    assert f"vlmtrain report: {tmp_path / 'nowhere'}: not a directory" in capsys.readouterr().err
+
+
+def test_refused_and_skipped_jobs_keep_their_reasons_and_their_knobs(tmp_path: Path) -> None:
+    """A job refused before any GPU work (its data scan) is reported with the message it was refused with, not as
+    incomplete; a job preflight skipped counts for "Same in every job" by its overrides."""
+    from vlmtrain.check import refusal
+
+    ok = add_job(tmp_path, 0, ["train.micro_batch_size=1"])
+    refused = add_job(tmp_path, 1, ["train.micro_batch_size=1", "train.iterations=4"])
+    refusal.refuse(refused, "data=jsonl x.jsonl: 16 samples, 16 images, 1 bad", printed=True)
+    skipped = {"job": "train.micro_batch_size=3", "overrides": ["train.micro_batch_size=3"],
+               "findings": ["[error] global_batch_divisible: train.global_batch_size=8 is not a multiple"]}
+    (tmp_path / "preflight.json").write_text(json.dumps({"skipped": [skipped], "launched": [
+        ["train.micro_batch_size=1"], ["train.micro_batch_size=1", "train.iterations=4"]]}))
+    jobs = {j.name: j for j in report.gather(tmp_path)}
+    assert (jobs[refused.name].status, jobs[refused.name].reason) == (
+        "refused", "data=jsonl x.jsonl: 16 samples, 16 images, 1 bad")
+    assert jobs[ok.name].status == "incomplete"
+    md = report.render(list(jobs.values()), str(tmp_path), tmp_path)
+    assert "| refused before any GPU work | data=jsonl x.jsonl: 16 samples, 16 images, 1 bad |" in md
+    same = next(line for line in md.splitlines() if line.startswith("Same in every job"))
+    assert "train.micro_batch_size" not in same and "model=tiny" in same
+
+
+def test_a_preflight_only_sweep_lists_its_jobs_as_passed(tmp_path: Path) -> None:
+    (tmp_path / "preflight.json").write_text(json.dumps({"skipped": [], "launched": [], "preflight_only": True,
+                                                         "passed": [["train.micro_batch_size=1"]]}))
+    (job,) = report.gather(tmp_path)
+    assert (job.status, job.reason) == ("preflight_only", "hydra.sweeper.preflight_only=true: not launched")

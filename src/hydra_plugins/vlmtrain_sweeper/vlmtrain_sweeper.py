@@ -5,7 +5,8 @@ divide, DeepEP on GB200...) would otherwise fail one by one on the cluster, afte
 composed with Hydra's own config loader, converted to the typed RunConfig and checked; only valid jobs reach
 the launcher (basic, submitit_local or submitit_slurm), invalid ones are listed in `<sweep dir>/preflight.json`
 and in the printed table. Launched jobs are numbered 0..N-1 (`hydra.job.num`), in the order of
-`preflight.json`'s "launched" list.
+`preflight.json`'s "launched" list (under `hydra.sweeper.preflight_only=true`, empty: the jobs that passed are its
+"passed" list).
 
 Each job is checked against the world it will run on (vlmtrain.config.world.placement, the rule train.py applies): a
 dry run against what it declares (`gpus_per_node`, else the hardware group's); a training job launched locally
@@ -17,10 +18,11 @@ derives nodes and GPUs per node from `nodes`, `gpus_per_node` and the hardware g
 `hardware=gb200,h100` needs two resource shapes. Jobs are grouped by their resolved launcher parameters and
 each group goes through its own launcher instance (one Slurm array per group, groups one after the other).
 
-A job that fails while running does not stop the others; the sweep raises at the end, listing every failure
-(after running the on_multirun_end callbacks, which Hydra would skip, so the sweep report still covers it).
-When preflight leaves nothing to launch (every job invalid, or preflight.fail_sweep=true and one is), the sweep ends
-with status 2 and one message, as train.py refuses a single run, after those callbacks too.
+A job that fails while running does not stop the others; the sweep ends with status 1 and one message listing every
+failed job and why (the message it was refused with, from its run dir, else its status), after running the
+on_multirun_end callbacks (the sweep report covers it). When preflight leaves nothing to launch (every job invalid,
+or preflight.fail_sweep=true and one is), the sweep ends with status 2 and one message, as train.py refuses a single
+run, after those callbacks too. Neither ends in a traceback.
 """
 # No `from __future__ import annotations`: Hydra's plugin scanner executes this module before it is in
 # sys.modules, and dataclasses then cannot resolve string annotations.
@@ -38,7 +40,6 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.plugins import Plugins
 from hydra.core.utils import JobReturn, JobStatus, filter_overrides
-from hydra.errors import HydraException
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
@@ -62,8 +63,8 @@ class VlmtrainSweeperConf(BasicSweeperConf):
 ConfigStore.instance().store(group="hydra/sweeper", name="vlmtrain", node=VlmtrainSweeperConf, provider="vlmtrain")
 
 
-class SweepJobsFailed(HydraException):
-    """Raised after every launched job ended, when some of them failed."""
+FAILED_STATUS = 1
+"""A -m sweep's exit status when launched jobs failed (2: preflight launched nothing; 0: every job completed)."""
 
 
 @dataclass
@@ -124,7 +125,7 @@ class VlmtrainSweeper(BasicSweeper):
     def check(self, overrides: list[str]) -> SweepJob:
         """Compose one job as its launcher will, convert it to the RunConfig, place it on the world it will run on,
         resolve it (config.resolve) and run preflight on it."""
-        from vlmtrain.check import preflight
+        from vlmtrain.check import bridge_fields, preflight
         from vlmtrain.config import world
         from vlmtrain.config.compose import to_run
 
@@ -136,7 +137,8 @@ class VlmtrainSweeper(BasicSweeper):
             run = to_run(cfg)
             place, res = self.placed(run, job.launcher)
             job.world = str(place)
-            findings = preflight.check(run, res)  # the layout of the world it will run on
+            # the layout of the world it will run on; +bridge.* fields against Bridge's own classes
+            findings = preflight.check(run, res) + bridge_fields.findings(run)
         except world.NoGpuError as e:
             job.world = "no GPU (local)"
             findings = [preflight.Finding("world", preflight.Severity.error, str(e))]
@@ -181,11 +183,11 @@ class VlmtrainSweeper(BasicSweeper):
         write_preflight(sweep_dir / PREFLIGHT_FILE, jobs, launched=not abort, preflight_only=self.preflight_only)
         print(summary_table(jobs, sweep_dir / PREFLIGHT_FILE), flush=True)
         if abort:
-            self.refuse(f"preflight.fail_sweep=true and {len(invalid)} job(s) failed preflight; nothing was launched:\n"
-                        + "\n".join(f"  {j.label}: {'; '.join(j.findings[:1])}" for j in invalid))
+            self.end_with(2, f"preflight.fail_sweep=true and {len(invalid)} job(s) failed preflight; nothing was "
+                          "launched:\n" + "\n".join(f"  {j.label}: {'; '.join(j.findings[:1])}" for j in invalid))
         if not any(j.valid for j in jobs):
-            self.refuse(f"preflight rejected all {len(jobs)} job(s); nothing was launched (see "
-                        f"{sweep_dir / PREFLIGHT_FILE}).")
+            self.end_with(2, f"preflight rejected all {len(jobs)} job(s); nothing was launched (see "
+                          f"{sweep_dir / PREFLIGHT_FILE}).")
         if self.preflight_only:
             return []
         if len(groups) > 1:
@@ -198,9 +200,10 @@ class VlmtrainSweeper(BasicSweeper):
             for chunk in self.split_overrides_to_chunks([j.overrides for j in group], self.max_batch_size):
                 returns.append(launcher.launch(chunk, initial_job_idx=start))
                 start += len(chunk)
-        error = failures(returns)
-        if error is not None:
-            self.end_with(error)
+        failed = failures(returns)
+        if failed:
+            self.end_with(FAILED_STATUS, f"{len(failed)} of {sum(map(len, returns))} launched job(s) failed "
+                          "(the sweep report lists them too):\n" + "\n".join(failed))
         return returns
 
     def save_multirun_yaml(self, sweep_dir: Path) -> None:
@@ -210,18 +213,13 @@ class VlmtrainSweeper(BasicSweeper):
         files = redact.hydra_files(self.config)
         OmegaConf.save(OmegaConf.create({**files["config.yaml"], **files["hydra.yaml"]}), sweep_dir / "multirun.yaml")
 
-    def end_with(self, error: HydraException) -> NoReturn:
-        """Hydra skips on_multirun_end when the sweep raises: run it first, so callbacks (the sweep report) still
-        see a sweep with skipped or failed jobs, then raise for the non-zero exit status."""
-        self.multirun_end()
-        raise error
-
-    def refuse(self, message: str) -> NoReturn:
-        """Preflight launched nothing: the sweep report, then the message and status 2, as train.py refuses one run
-        (a raised error would reach the user as Hydra's traceback and status 1)."""
+    def end_with(self, status: int, message: str) -> NoReturn:
+        """The sweep report first (Hydra runs on_multirun_end only when the sweeper returns), then one message and
+        `status`: 2 where preflight launched nothing, as train.py refuses one run; FAILED_STATUS where launched jobs
+        failed (a raised error would reach the user as Hydra's traceback, status 1, without the reasons)."""
         self.multirun_end()
         print(f"[vlmtrain] {message}", file=sys.stderr, flush=True)
-        sys.exit(2)
+        sys.exit(status)
 
     def multirun_end(self) -> None:
         assert self.hydra_context is not None and self.config is not None
@@ -266,16 +264,18 @@ def number_jobs(jobs: list[SweepJob]) -> list[tuple[dict[str, Any], list[SweepJo
 
 
 def write_preflight(path: Path, jobs: list[SweepJob], launched: bool, preflight_only: bool = False) -> None:
-    """preflight.json: the skipped jobs with their findings, the launched jobs' overrides by job number, and each
-    valid job's predicted step (check.speed), fastest first."""
-    valid = [j for j in jobs if j.valid]
+    """preflight.json: the skipped jobs with their findings, the launched jobs' overrides by job number (under
+    preflight_only nothing is launched, and the jobs that passed are listed as "passed"), and each valid job's
+    predicted step (check.speed), fastest first."""
+    valid_jobs = [j for j in jobs if j.valid]
+    valid = [j.shown for j in sorted(valid_jobs, key=lambda j: j.num or 0)]
     out: dict[str, Any] = {
         "skipped": [{"job": j.label, "overrides": j.shown, "findings": j.findings} for j in jobs if not j.valid],
-        "launched": [j.shown for j in sorted(valid, key=lambda j: j.num or 0)] if launched else [],
-        "predicted": [{"job": j.label, "overrides": j.shown, **(j.predicted or {})} for j in ranked(valid)],
+        "launched": valid if launched and not preflight_only else [],
+        "predicted": [{"job": j.label, "overrides": j.shown, **(j.predicted or {})} for j in ranked(valid_jobs)],
     }
     if preflight_only:
-        out["preflight_only"] = True
+        out.update(preflight_only=True, passed=valid)
     path.write_text(json.dumps(out, indent=2) + "\n")
 
 
@@ -329,19 +329,22 @@ def summary_table(jobs: list[SweepJob], path: Path) -> str:
     return "\n".join(lines)
 
 
-def failures(returns: Sequence[Sequence[JobReturn]]) -> SweepJobsFailed | None:
-    """After every job ended: print the outcome; the error to raise if any job failed."""
+def failures(returns: Sequence[Sequence[JobReturn]]) -> list[str]:
+    """After every job ended: print the outcome; one line per failed job (its number, overrides and why: the
+    message it was refused with, from its run dir, else its exit status), none when every job completed."""
+    from vlmtrain.check import refusal
+    from vlmtrain.config import redact
+
     results = [r for batch in returns for r in batch]
     failed = [r for r in results if r.status != JobStatus.COMPLETED]
     print(f"[vlmtrain] sweep done: {len(results) - len(failed)} of {len(results)} launched job(s) completed"
           + (f", {len(failed)} failed" if failed else ""), flush=True)
-    if not failed:
-        return None
-    from vlmtrain.config import redact
-
-    lines = [f"  #{_num(r)} {' '.join(filter_overrides(redact.redact_overrides(r.overrides or [])))}: "
-             f"{type(r._return_value).__name__}: {r._return_value}" for r in failed]
-    error = SweepJobsFailed(f"{len(failed)} of {len(results)} launched job(s) failed:\n" + "\n".join(lines))
-    cause = failed[0]._return_value
-    error.__cause__ = cause if isinstance(cause, BaseException) else None  # the first failure's traceback
-    return error
+    lines = []
+    for r in failed:
+        run_dir = OmegaConf.select(r.hydra_cfg, "hydra.runtime.output_dir") if r.hydra_cfg is not None else None
+        record = refusal.refusal(run_dir) if run_dir else None
+        why = (f"refused (status {record['status']}): {record['error']}" if record else
+               f"{type(r._return_value).__name__}: {r._return_value}")
+        lines.append(f"  #{_num(r)} {' '.join(filter_overrides(redact.redact_overrides(r.overrides or [])))}: {why}"
+                     + (f" (run dir {run_dir})" if run_dir else ""))
+    return lines

@@ -13,9 +13,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vlmtrain.check import preflight
+from vlmtrain.check import bridge_fields, preflight, refusal
 from vlmtrain.config import redact
 from vlmtrain.config.groups import GROUPS, group_name, kernels, precision
+from vlmtrain.config.groups.train import UNSET_WHY, global_batch_size
 from vlmtrain.config.resolve import save as save_run_json
 
 if TYPE_CHECKING:
@@ -56,19 +57,22 @@ def validation_text(run: RunConfig) -> str:
 
 def batch_text(run: RunConfig, res: Resolved) -> str:
     """The samples one step trains: train.global_batch_size of them unpacked; packed, its rows x the samples a row
-    holds on average (the data stage's bins of this run's data), and what train.global_batch_size counted."""
+    holds on average (the data stage's bins of this run's data), and what train.global_batch_size counted; where the
+    defaults settled it, why."""
     from vlmtrain.data import prepare
 
-    gbs, cap = run.train.global_batch_size, res.packing_capacity
+    gbs, cap = global_batch_size(run), res.packing_capacity
+    settled = next((a.why for a in res.auto if a.option == "train.global_batch_size"), None)
     if not cap:
-        return f"{gbs} samples per step (train.global_batch_size: one sample per row)"
+        return f"{gbs} samples per step ({settled or 'train.global_batch_size: one sample per row'})"
     lengths = prepare.lengths(run)
     if lengths is None or lengths.longest > cap:
         return f"{gbs} packed rows per step (the samples they hold: the data stage's bins)"
     rows = lengths.rows(cap, res.pack_align)[0]
     per_row = len(lengths.train) / rows
-    counted = ("train.global_batch_size settled from the command's samples per step to rows (auto)" if
-               any(a.option == "train.global_batch_size" for a in res.auto) else
+    asked = "the defaults' samples per step (it was unset)" if settled and settled.startswith(UNSET_WHY) else \
+        "the command's samples per step"
+    counted = (f"train.global_batch_size settled from {asked} to rows (auto)" if settled else
                "train.global_batch_size counts rows (data.packing set)")
     return (f"~{gbs * per_row:.1f} samples per step: {gbs} packed row(s) x ~{per_row:.1f} samples ("
             f"{len(lengths.train)} samples in {rows} rows of <= {cap} tokens); {counted}")
@@ -135,7 +139,7 @@ def render(run: RunConfig, res: Resolved, cfg: ConfigContainer | None, findings:
         f"vlmtrain plan: {run.name}   (declared target: hardware={run.hardware.name}, {lay.world_size} GPUs)",
         "groups:   " + "  ".join(f"{k}={v}" for k, v in run.choices.items()),
         f"world:    {layout_line(res)}",
-        f"train:    MBS {t.micro_batch_size}  GBS {t.global_batch_size}  seq {t.seq_length}  "
+        f"train:    MBS {t.micro_batch_size}  GBS {global_batch_size(run)}  seq {t.seq_length}  "
         f"grad-accum {res.grad_accum}  iters {t.iterations}  lr {t.lr}",
         f"batch:    {batch_text(run, res)}",
         f"data:     {run.data.kind}" + ("  (MOCK: not a performance run)" if run.data.kind == "mock" else "")
@@ -196,10 +200,10 @@ def dry_run(run: RunConfig, res: Resolved) -> int:
     from vlmtrain.check import speed
 
     quiet_library_logs()
-    findings = preflight.check(run, res)
-    if preflight.errors(findings):
+    findings = preflight.check(run, res) + bridge_fields.findings(run)
+    if errors := preflight.errors(findings):
         print(render(run, res, None, findings, "not attempted (preflight errors)"))
-        return 2
+        return refusal.refuse(run.output_dir, "; ".join(map(str, errors)), printed=True)
     predicted = speed.predicted(run, res)  # once: printed and saved for the report
     from vlmtrain.data.scan import BadSample
 
@@ -207,16 +211,16 @@ def dry_run(run: RunConfig, res: Resolved) -> int:
         cfg = container.build(run, res)
     except BadSample as e:  # the data scan (vlmtrain.data.prepare) refused a sample
         print(render(run, res, None, findings, f"not attempted (bad data)\n{e}", predicted=predicted))
-        return 2
+        return refusal.refuse(run.output_dir, str(e), printed=True)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")  # quiet_library_logs' filters are for import-time noise
         try:
             target.finalize(run, res, cfg)
         except Exception as e:  # Bridge raises ValueError/AssertionError/RuntimeError from many places
             groups_hint = " ".join(f"{k}={v}" for k, v in run.choices.items())
-            print(render(run, res, cfg, findings, f"FAILED for {groups_hint}: {type(e).__name__}: {e}",
-                         library_warnings(caught), predicted))
-            return 3
+            said = f"FAILED for {groups_hint}: {type(e).__name__}: {e}"
+            print(render(run, res, cfg, findings, said, library_warnings(caught), predicted))
+            return refusal.refuse(run.output_dir, f"Bridge's validation {said}", printed=True, status=3)
     out = Path(run.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     redact.write_bridge_yaml(cfg, out / "bridge_config.yaml")

@@ -5,11 +5,13 @@ and hardware: the layout measured fastest for the world size, the kernels group'
 settled here, in check/ (packing needs the memory estimate, the packing proofs and the data's lengths).
 Packing keeps what the command trains: train.global_batch_size counts samples unless data.packing is set, so auto
 packing turns it into the rows that carry about as many (a row holds at most one GPU's share of a step, and the
-data must fill more rows than a step and an evaluation batch take). Every choice keeps the headroom preflight warns
-at (memory.TIGHT); where the row alone cannot, exact memory reliefs follow (TE's precision-aware Adam, the ViT's
-unpadded heads). Each value set explicitly wins; each choice is recorded with why (`Resolved.auto`), which the
-dry-run plan shows and preflight's `auto_left_off` says for what was left off. `placed` is the one path train.py,
-the -m sweeper and the tuner's candidates take.
+data must fill more rows than a step and an evaluation batch take). An unset train.global_batch_size is settled
+from the world first: 8 samples per step, raised until every data-parallel rank gets a micro-batch. Every choice
+keeps the headroom preflight warns at (memory.TIGHT); where the row alone cannot, exact memory reliefs follow, the
+cheapest first (TE's precision-aware Adam, the ViT's unpadded heads, then recompute: selective, the whole MoE
+block, full where no trainable tower forbids it). Each value set explicitly wins; each choice is recorded with why
+(`Resolved.auto`), which the dry-run plan shows and preflight's `auto_left_off` says for what was left off.
+`placed` is the one path train.py, the -m sweeper and the tuner's candidates take.
 """
 
 from __future__ import annotations
@@ -17,20 +19,23 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import OmegaConf
 
 from vlmtrain.check import memory
 from vlmtrain.check.preflight.packing import QWEN35_PACKING_PROVEN, unscanned
+from vlmtrain.check.preflight.recompute_graphs import deepstack_blocks_full_recompute
 from vlmtrain.config import architecture, world
 from vlmtrain.config.compose import CONF_DIR
-from vlmtrain.config.groups import precision
+from vlmtrain.config.groups import cuda_graph, precision
 from vlmtrain.config.groups.data import AUTO, validating
 from vlmtrain.config.groups.kernels import KernelsConfig
 from vlmtrain.config.groups.model import Family
 from vlmtrain.config.groups.parallelism import Kind as ParKind
 from vlmtrain.config.groups.parallelism import is_fsdp
+from vlmtrain.config.groups.recompute import Granularity, RecomputeConfig
+from vlmtrain.config.groups.train import UNSET_GLOBAL_BATCH, UNSET_WHY
 from vlmtrain.config.resolve import Auto, Resolved, resolve
 from vlmtrain.data import prepare
 
@@ -62,30 +67,66 @@ def placed(run: RunConfig, node_gpus: int, slurm_tasks_per_node: int | None = No
 
 def settle(run: RunConfig) -> Resolved:
     """Every `auto` option of `run` settled in place (the layout first: weight-gradient fusion depends on it; then
-    the kernels: the ViT's padded heads cost memory the packing capacity must leave room for), then resolved, with
-    what was settled in `Resolved.auto`."""
-    picks = _layout(run)
+    the global batch from the layout's DP; then the kernels: the ViT's padded heads cost memory the packing capacity
+    must leave room for), then resolved, with what was settled in `Resolved.auto`."""
+    picks = _layout(run) + _global_batch(run)
     picks = _fitted(run, picks + _kernels(run, three_d=not is_fsdp(run)))
-    return dataclasses.replace(resolve(run), auto=tuple(picks))
+    return dataclasses.replace(resolve(run), auto=tuple(_one_global_batch(picks)))
+
+
+def _global_batch(run: RunConfig) -> list[Auto]:
+    """An unset train.global_batch_size: UNSET_GLOBAL_BATCH samples per step, raised to the smallest multiple of
+    micro_batch_size x DP at or above it, so every data-parallel rank trains at least one micro-batch."""
+    t = run.train
+    if t.global_batch_size is not None:
+        return []
+    mbs, dp = t.micro_batch_size, resolve(run).layout.dp
+    per = mbs * dp
+    if per < 1:  # the layout needs more GPUs than the world has: preflight says which
+        t.global_batch_size = UNSET_GLOBAL_BATCH
+        return []
+    t.global_batch_size = per * -(-UNSET_GLOBAL_BATCH // per)
+    raised = "" if t.global_batch_size == UNSET_GLOBAL_BATCH else (
+        f", raised to {t.global_batch_size}: the smallest multiple of train.micro_batch_size x DP = {mbs} x {dp} at "
+        "or above it, so every data-parallel rank trains at least one micro-batch")
+    return [Auto("train.global_batch_size", str(t.global_batch_size),
+                 f"{UNSET_WHY}: {UNSET_GLOBAL_BATCH} samples per step{raised}")]
+
+
+def _one_global_batch(picks: list[Auto]) -> list[Auto]:
+    """One train.global_batch_size entry: where auto packing turned the settled samples into rows, the rows, with
+    both reasons."""
+    gbs = [a for a in picks if a.option == "train.global_batch_size"]
+    if len(gbs) < 2:
+        return picks
+    merged = Auto(gbs[-1].option, gbs[-1].value, f"{gbs[0].why}; {gbs[-1].why}")
+    return [merged if a is gbs[-1] else a for a in picks if a is not gbs[0]]
+
+
+def _fits(run: RunConfig) -> bool:
+    """The memory estimate keeps the headroom preflight warns at (memory.TIGHT)."""
+    return memory.estimate(run, resolve(run)).total <= memory.TIGHT * run.hardware.memory_gib
 
 
 def _fitted(run: RunConfig, picks: list[Auto]) -> list[Auto]:
     """`picks` plus packing settled (`_packing`), then, while the memory estimate leaves less headroom than
-    preflight warns at (memory.TIGHT), the exact memory reliefs in turn (`_optimizer_relief`, `_unpadded_vit_heads`),
-    packing settled again after each. Nothing is relieved where the first settling fits, nor where data.packing was
-    set (the run named its row: a preset keeps what it measured, and preflight judges it); where none fits, all are
-    kept and preflight judges the estimate."""
-    gbs, auto_packing = run.train.global_batch_size, run.data.packing == AUTO
+    preflight warns at (memory.TIGHT), the exact memory reliefs in turn (RELIEFS, cheapest first), packing settled
+    again after each. Nothing is relieved where the first settling fits, nor where data.packing was set (the run
+    named its row: a preset keeps what it measured, and preflight judges it); where none fits, all are kept and
+    preflight judges the estimate (memory_fits names the least world that fits)."""
+    gbs, packing = run.train.global_batch_size, run.data.packing
     packed = _packing(run)
-    for relieve in (_optimizer_relief, _unpadded_vit_heads) if auto_packing and not _unplaceable(run) else ():
-        if memory.estimate(run, resolve(run)).total <= memory.TIGHT * run.hardware.memory_gib:
+    for relieve in RELIEFS if packing == AUTO and not _unplaceable(run) else ():
+        if _fits(run):
             break
         if (got := relieve(run, picks)) is not None:
-            picks = [a for a in picks if a.option != got.option] + [got]
-            run.data.packing, run.train.global_batch_size = AUTO, gbs
+            picks = [a for a in picks if a.option != got.option and not a.option.startswith(got.option + ".")]
+            picks.append(got)
+            run.data.packing, run.train.global_batch_size = packing, gbs
             packed = _packing(run)
     if run.precision.precision_aware_optimizer is None:
         run.precision.precision_aware_optimizer = False
+    run.recompute.auto = False
     return picks + packed
 
 
@@ -119,6 +160,54 @@ def _unpadded_vit_heads(run: RunConfig, picks: list[Auto]) -> Auto | None:
                 "(TE keeps the padded tensors)")
 
 
+def _recomputed(run: RunConfig, option: str) -> RecomputeConfig | None:
+    """recompute=auto set to conf/recompute/<option>.yaml's fields in place (None where the run named its recompute,
+    or already runs this much)."""
+    r = run.recompute
+    if not r.auto or r.granularity == option:
+        return None
+    chosen = _option(RecomputeConfig, "recompute", option)
+    r.granularity, r.modules, r.method, r.num_layers = chosen.granularity, list(chosen.modules), chosen.method, \
+        chosen.num_layers
+    return r
+
+
+def _selective_recompute(run: RunConfig, picks: list[Auto]) -> Auto | None:
+    """The `selective` option's modules (attention core, MoE activation, layer norms) recomputed in backward."""
+    if run.recompute.granularity != Granularity.none or _recomputed(run, "selective") is None:
+        return None
+    return Auto("recompute", "selective", f"{_tight(run)} without recompute: the selective option's modules "
+                f"({', '.join(run.recompute.modules)}) are recomputed in backward (exact; more forward compute)")
+
+
+def _moe_recompute(run: RunConfig, picks: list[Auto]) -> Auto | None:
+    """Selective recompute of the whole MoE block from its input (Megatron's `moe` module, in place of `moe_act`):
+    it keeps none of the routed tokens, expert GEMM outputs and probabilities. Not with a router CUDA graph
+    (preflight: moe_recompute_with_router_graph)."""
+    r = run.recompute
+    if (not r.auto or r.granularity != Granularity.selective or "moe" in r.modules or not run.model.num_experts
+            or "moe_router" in run.cuda_graph.modules):
+        return None
+    r.modules = [m for m in r.modules if m != "moe_act"] + ["moe"]
+    return Auto("recompute.modules", f"[{','.join(r.modules)}]", f"{_tight(run)} with selective recompute: the "
+                "whole MoE block is recomputed from its input (exact; its dispatch and expert GEMMs run again in "
+                "backward)")
+
+
+def _full_recompute(run: RunConfig, picks: list[Auto]) -> Auto | None:
+    """Full recompute (each layer keeps only its input), where nothing forbids it: CUDA graphs, or trainable
+    deepstack mergers that would get no gradient (the defaults never freeze a tower: vision=frozen_with_projector is
+    the user's)."""
+    if deepstack_blocks_full_recompute(run) or cuda_graph.enabled(run) or _recomputed(run, "full") is None:
+        return None
+    return Auto("recompute", "full", f"{_tight(run)} with selective recompute: every decoder layer keeps only its "
+                "input and is recomputed in backward (exact; about a third more compute)")
+
+
+RELIEFS = (_optimizer_relief, _unpadded_vit_heads, _selective_recompute, _moe_recompute, _full_recompute)
+"""The exact memory reliefs the defaults try, cheapest first, each only where its option was left to them."""
+
+
 def _kernels(run: RunConfig, three_d: bool) -> list[Auto]:
     """kernels=auto settled for the model family and hardware, in place (a no-op once settled): each replacement
     is turned on where runs here proved it (the `fast` option's fields on SM90, those exact on any GPU elsewhere;
@@ -129,7 +218,7 @@ def _kernels(run: RunConfig, three_d: bool) -> list[Auto]:
     if not k.auto:
         return []
     k.auto = False
-    fast = _fast_kernels()
+    fast = _option(KernelsConfig, "kernels", "fast")
     hw = run.hardware
     sm90, on = hw.sm_major == SM90, f"hardware={hw.name} (SM {hw.sm_major}.{hw.sm_minor})"
     wanted: dict[str, tuple[object, str | None]] = {
@@ -154,16 +243,19 @@ def _kernels(run: RunConfig, three_d: bool) -> list[Auto]:
             out.append(Auto(f"kernels.{name}", "off", why_not))
             continue
         setattr(k, name, value)
-        out.append(Auto(f"kernels.{name}", str(value).lower() if isinstance(value, bool) else str(value),
-                        f"proven for model={run.model.name} on {on} (docs/measurements.md)"))
+        why = (f"proven for model={run.model.name} on {on} (docs/measurements.md)" if sm90 else
+               "exact on any GPU (tested beside Bridge's code on CPU, or the loader's host work); its speed was "
+               f"measured on SM90 (H100/H200) only, not yet on {on}")
+        out.append(Auto(f"kernels.{name}", str(value).lower() if isinstance(value, bool) else str(value), why))
     return out
 
 
 @functools.cache
-def _fast_kernels() -> KernelsConfig:
-    """conf/kernels/fast.yaml's fields, read once per process (every run placed settles kernels=auto; read only)."""
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(KernelsConfig),
-                                               OmegaConf.load(CONF_DIR / "kernels" / "fast.yaml")))
+def _option(schema: type, group: str, name: str) -> Any:
+    """conf/<group>/<name>.yaml's fields on the group's schema, read once per process (every run placed settles the
+    auto options; read only)."""
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema),
+                                               OmegaConf.load(CONF_DIR / group / f"{name}.yaml")))
 
 
 def _layout(run: RunConfig) -> list[Auto]:
@@ -250,8 +342,9 @@ def _packing(run: RunConfig) -> list[Auto]:
 
 def _packed_step(run: RunConfig) -> tuple[Packed | None, str]:
     """The largest capacity from PACK_ROWS x train.seq_length down to the longest sample (steps of PACK_STEP,
-    aligned) whose memory estimate stays within memory.TIGHT of the card and whose rows hold at most one GPU's
-    share of the command's train.global_batch_size samples, with the rows per step that carry about as many
+    aligned) whose memory estimate stays within memory.TIGHT of the card and whose every row (the fullest of the
+    data stage's bins, not their mean) holds at most one GPU's share of the command's train.global_batch_size
+    samples, with the rows per step that carry about as many
     (packed, a step holds whole rows); its epoch and held-out set must fill one step and one evaluation batch of
     rows. (None, why not) where no capacity does."""
     lengths = prepare.lengths(run)
@@ -280,9 +373,10 @@ def _packed_step(run: RunConfig) -> tuple[Packed | None, str]:
         train_rows, held_rows = lengths.rows(cap, align)
         per_row = n / train_rows
         rows = dp * int(share / per_row + 0.5)
-        if per_row > share:
+        if (fullest := lengths.fullest(cap, align)) > share:
             why = (f"train.global_batch_size={gbs} over DP {dp} is {share:g} sample(s) per GPU per step, fewer than "
-                   f"the smallest packed row holds (~{per_row:.1f}): packing would change the samples a step trains")
+                   f"a packed row holds even at the smallest capacity (its fullest: {fullest}): packing would change "
+                   "the samples a step trains")
         elif train_rows < rows or (train_rows == rows and n > gbs):
             why = (f"the {n} training samples fill {train_rows} packed rows, no more than one step's {rows}: every "
                    "step would train the same rows")

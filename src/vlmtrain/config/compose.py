@@ -10,9 +10,9 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from vlmtrain.config.groups import CHOSEN
-from vlmtrain.config.schema import RunConfig, register
+from vlmtrain.config.schema import CONF_DIR, RunConfig, register
 
-CONF_DIR = Path(__file__).resolve().parents[3] / "conf"
+__all__ = ["CONF_DIR", "compose", "load_run", "to_run"]
 
 
 def _checkpoint_dir(output_dir: str, hydra: DictConfig) -> str:

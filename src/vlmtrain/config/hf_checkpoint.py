@@ -43,21 +43,22 @@ class CheckpointError(ValueError):
     """The dir is not a checkpoint of a supported family."""
 
 
-def read(hf_path: str) -> dict[str, Any]:
-    """config.json of `hf_path`, checked to be a supported architecture with weights beside it."""
+def read(hf_path: str, setting: str = "model.hf_path") -> dict[str, Any]:
+    """config.json of `hf_path`, checked to be a supported architecture with weights beside it; `setting`: what the
+    messages call it (`vlmtrain export --hf-path`)."""
     path = Path(hf_path)
     supported = ", ".join(ARCHITECTURES)
     if not (path / "config.json").is_file():
         found = sorted(p.name for p in path.iterdir())[:12] if path.is_dir() else "no such directory"
-        raise CheckpointError(f"model.hf_path={hf_path} has no config.json (found: {found}); it must be a Hugging "
+        raise CheckpointError(f"{setting}={hf_path} has no config.json (found: {found}); it must be a Hugging "
                               f"Face checkpoint dir (save_pretrained) of one of {supported}.")
     cfg = json.loads((path / "config.json").read_text())
     archs = cfg.get("architectures") or []
     if not any(a in ARCHITECTURES for a in archs):
-        raise CheckpointError(f"model.hf_path={hf_path}: config.json has architectures={archs} (model_type="
+        raise CheckpointError(f"{setting}={hf_path}: config.json has architectures={archs} (model_type="
                               f"{cfg.get('model_type')!r}); vlmtrain trains {supported}.")
     if not any((path / w).is_file() for w in WEIGHTS):
-        raise CheckpointError(f"model.hf_path={hf_path}: config.json but no weights (none of {', '.join(WEIGHTS)}).")
+        raise CheckpointError(f"{setting}={hf_path}: config.json but no weights (none of {', '.join(WEIGHTS)}).")
     return cfg
 
 

@@ -158,6 +158,7 @@ def resolve(run: RunConfig) -> Resolved:
     """Every derived value of `run` (pure arithmetic on the config: no Bridge, no torch, no file access)."""
     from vlmtrain.config.groups import cuda_graph, precision
     from vlmtrain.config.groups.data import capacity, pads_to_max_length, row_length
+    from vlmtrain.config.groups.train import global_batch_size
 
     lay = world.layout(run)
     t = run.train
@@ -173,7 +174,7 @@ def resolve(run: RunConfig) -> Resolved:
         packing_capacity=cap,
         packing_static=cap is not None and (run.data.packing_static or cuda_graph.enabled(run) or lay.pp > 1),
         pack_align=math.lcm(cp_sp, precision.gemm_token_multiple(run)) if cap else 1,
-        grad_accum=t.global_batch_size // max(t.micro_batch_size * lay.dp, 1),
+        grad_accum=global_batch_size(run) // max(t.micro_batch_size * lay.dp, 1),
         env=group_env(run, lay),
         collate_image_tokens=(COLLATE_MIN_TOKENS, COLLATE_MAX_TOKENS),
         checkpoint_dir=t.checkpoint_dir,

@@ -7,6 +7,7 @@ type-checked against these dataclasses at compose time (a typo'd key fails befor
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -23,6 +24,9 @@ from vlmtrain.config.groups.precision import PrecisionConfig
 from vlmtrain.config.groups.recompute import RecomputeConfig
 from vlmtrain.config.groups.train import TrainConfig
 from vlmtrain.config.groups.vision import VisionConfig
+
+CONF_DIR = Path(__file__).resolve().parents[3] / "conf"
+"""The repo's conf/: train.py's config path, the groups' YAML options."""
 
 
 @dataclass
@@ -98,9 +102,20 @@ def _override_dirname(*, _root_: DictConfig) -> str:
     return redact.override_dirname(list(h.overrides.task), list(c.exclude_keys), c.item_sep, c.kv_sep)
 
 
+def _config_groups() -> str:
+    """`${vlmtrain.config_groups:}`: the config groups a run composes, with their options, for train.py --help (Hydra's
+    own list would also name conf/'s folders that are no group of the run: the lab's specs in conf/tune/)."""
+    from vlmtrain.config.groups import CHOSEN
+
+    return "\n".join(f"{g}: {', '.join(sorted(p.stem for p in (CONF_DIR / g).glob('*.yaml')))}"
+                     for g in sorted((*CHOSEN, "experiment")))
+
+
 def register_resolvers() -> None:
     if not OmegaConf.has_resolver("vlmtrain.gpus_per_node"):
         OmegaConf.register_new_resolver("vlmtrain.gpus_per_node", _gpus_per_node)
+    if not OmegaConf.has_resolver("vlmtrain.config_groups"):
+        OmegaConf.register_new_resolver("vlmtrain.config_groups", _config_groups)
     if not OmegaConf.has_resolver("vlmtrain.override_dirname"):
         OmegaConf.register_new_resolver("vlmtrain.override_dirname", _override_dirname)
 

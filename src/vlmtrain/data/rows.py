@@ -41,6 +41,10 @@ class Lengths:
         return (len(bins.greedy_bins(list(self.train), capacity, align=align)),
                 len(bins.greedy_bins(list(self.held_out), capacity, align=align)))
 
+    def fullest(self, capacity: int, align: int = 1) -> int:
+        """The most training samples one of the data stage's bins at `capacity` holds."""
+        return max(map(len, bins.greedy_bins(list(self.train), capacity, align=align)))
+
 
 def identity(report: Report, source: dict[str, Any]) -> dict[str, Any]:
     """What the samples' lengths depend on: the source, the files the scan read and the checked copy Bridge reads

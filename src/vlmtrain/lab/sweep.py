@@ -117,7 +117,13 @@ def pending(cases: list[Case], args: argparse.Namespace, machine_run: str) -> li
 def run(args: argparse.Namespace) -> int:
     """`main` on the spec named (exit 2 for one that is not)."""
     sp = spec_module.for_command(args, "sweep")
-    return 2 if sp is None else main(sp, args)
+    if sp is None:
+        return 2
+    try:
+        return main(sp, args)
+    except spec_module.SpecError as e:  # an unknown --sweep or --only: named with the ones there are
+        print(f"vlmtrain sweep: {e}", file=sys.stderr)
+        return 2
 
 
 def main(spec: Spec, args: argparse.Namespace) -> int:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from omegaconf import OmegaConf
 
-from vlmtrain.config import redact, resolve
+from vlmtrain.config import redact, resolve, world
 
 if TYPE_CHECKING:
     from vlmtrain.config.resolve import Resolved
@@ -53,6 +53,21 @@ def rank_env(res: Resolved) -> dict[str, str]:
     """The resolved env vars the ranks get before torch is imported, each unless this environment sets it already
     (as Bridge's own env_vars never override one)."""
     return {k: v for k, v in res.env_vars.items() if k not in os.environ}
+
+
+def unlaunchable(lay: world.Layout, node_gpus: int) -> str | None:
+    """Why torchrun cannot start this world on this node (`node_gpus`: the GPUs nvidia-smi lists), before it tries:
+    ranks on GPUs the node lacks die in CUDA's tracebacks, and more nodes wait for ranks no one starts."""
+    if lay.nodes > 1:
+        return (f"nodes={lay.nodes}: a local launch starts the ranks of this node only; run on Slurm "
+                "(hydra/launcher=slurm, with -m) or set nodes=1.")
+    if lay.gpus_per_node <= node_gpus:
+        return None
+    if not node_gpus:
+        return (f"gpus_per_node={lay.gpus_per_node}, but this node has no GPU (nvidia-smi lists none): train on a GPU "
+                "node, or set dry_run=true to print the dry-run plan.")
+    return (f"gpus_per_node={lay.gpus_per_node}, but this node has {node_gpus} GPU(s): train on a node with that "
+            f"many, or set gpus_per_node={node_gpus} (unset: every local GPU).")
 
 
 def launch(run: RunConfig, res: Resolved, module: str = "vlmtrain.worker", log: str = RANKS_LOG,

@@ -209,3 +209,43 @@ def in_process(run: RunConfig, res: Resolved, train: Callable[[RunConfig, Resolv
             "forwarded": "SIGTERM", "status": status}})
         relay.hand_back()
     return status
+
+
+def launcher_params(overrides: list[str], world: list[str]) -> dict[str, Any]:
+    """conf/hydra/launcher/slurm.yaml resolved for `world` (`nodes=`, `gpus_per_node=`, `hardware=` overrides) and
+    the user's `hydra.launcher.*` overrides, as a -m sweep's job gets it: for a command that is no Hydra app
+    (`vlmtrain export`) but submits like training does."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from vlmtrain.config.compose import CONF_DIR
+    from vlmtrain.config.schema import register
+
+    register()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=[*world, *overrides], return_hydra_config=True)
+    params = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
+    assert isinstance(params, dict)
+    return params
+
+
+def executor_params(params: dict[str, Any], folder: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(submitit.AutoExecutor's init arguments, its update_parameters) from a resolved Slurm launcher config, mapped
+    as hydra-submitit-launcher maps them (its own keys as they are, the rest `slurm_`-prefixed)."""
+    from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
+    from omegaconf import OmegaConf
+
+    own = set(OmegaConf.structured(BaseQueueConf).keys())
+    rest = {k: v for k, v in params.items() if k not in ("_target_", "submitit_folder", "max_num_timeout")}
+    return ({"folder": folder, "slurm_max_num_timeout": params.get("max_num_timeout", 0)},
+            {k if k in own else f"slurm_{k}": v for k, v in rest.items()})
+
+
+def submit(fn: Callable[..., Any], args: tuple[Any, ...], params: dict[str, Any], folder: str) -> Any:
+    """One Slurm job of `params`' shape running `fn(*args)` in each task (submitit); returns the submitit job."""
+    import submitit
+
+    init, update = executor_params(params, folder)
+    executor = submitit.AutoExecutor(cluster="slurm", **init)
+    executor.update_parameters(**update)
+    return executor.submit(fn, *args)

@@ -64,6 +64,8 @@ def _matching_line(pattern: re.Pattern[str], text: str, last: bool = False) -> s
 def from_record(rec: dict[str, Any]) -> tuple[str, str]:
     """(status, reason) from a failure record: the step, and the OOM's component and advice or the non-finite
     step's samples and last good checkpoint."""
+    if rec.get("kind") == "refused":
+        return "refused", rec.get("error", "")
     if rec.get("kind") == "oom":
         return "oom", f"step {rec.get('step')}, in the {rec.get('component')} component. {rec.get('advice', '')}"
     return "nonfinite", (f"step {rec.get('step')}: samples {rec.get('micro_batches')}; last good checkpoint "

@@ -37,6 +37,7 @@ STATUS = {
     "oom": "out of memory",
     "nonfinite": "non-finite loss/gradient (stopped)",
     "skipped": "skipped by preflight",
+    "refused": "refused before any GPU work",
     "nccl_timeout": "NCCL timeout",
     "crash": "crash",
     "dry_run": "dry run (planned, not trained)",

@@ -9,6 +9,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from vlmtrain.check import refusal
 from vlmtrain.config.groups import CHOSEN
 from vlmtrain.observe import failure
 from vlmtrain.observe.run_summary import read_jsonl
@@ -51,7 +52,7 @@ def job_from_dir(job_dir: Path) -> Job:
               validation=validation_curve(rows))
     # MetricsCallback writes the after-training checks into checks.json in on_train_end
     ended = None if checks is None else "frozen_unchanged" in checks
-    records = failure.read(job_dir)
+    records = failure.read(job_dir) or [r for r in (refusal.refusal(job_dir),) if r]
     job.status, job.reason = classify(log_text(job_dir), job.metrics.get("steps", 0), job.expected_steps,
                                       dry_run=(job_dir / "bridge_config.yaml").exists(), ended=ended,
                                       record=records[0] if records else None)
@@ -99,8 +100,8 @@ def _override_key(overrides: list[str]) -> frozenset[str]:
 
 def preflight_jobs(sweep_dir: Path, jobs: list[Job]) -> list[Job]:
     """preflight.json (vlmtrain's sweeper): skipped jobs with their findings (a job dir with the same overrides is
-    marked skipped), and launched jobs (numbered in list order) that never made a job directory (or, in a
-    preflight_only sweep, were never meant to)."""
+    marked skipped), launched jobs (numbered in list order) that never made a job directory, and, in a
+    preflight_only sweep, the jobs that passed and were never meant to."""
     path = sweep_dir / "preflight.json"
     data = json.loads(path.read_text()) if path.exists() else {}
     by_key = {_override_key(j.overrides): j for j in jobs if j.overrides}
@@ -112,13 +113,13 @@ def preflight_jobs(sweep_dir: Path, jobs: list[Job]) -> list[Job]:
         job.status, job.reason = "skipped", _skip_reason(list(entry.get("findings") or []))
         if job.source == "preflight":
             new.append(job)
-    planned = bool(data.get("preflight_only"))
-    for num, overrides in enumerate(data.get("launched", [])):
-        if _override_key(list(overrides)) not in by_key:
-            new.append(Job(name=" ".join(overrides), source="preflight-launched", num=num, overrides=list(overrides),
-                           status="preflight_only" if planned else "incomplete",
-                           reason="hydra.sweeper.preflight_only=true: not launched" if planned
-                           else "launched, but no job directory was written (never started?)"))
+    for planned, key in ((False, "launched"), (True, "passed")):
+        for num, overrides in enumerate(data.get(key, [])):
+            if _override_key(list(overrides)) not in by_key:
+                new.append(Job(name=" ".join(overrides), source="preflight-launched", num=num,
+                               overrides=list(overrides), status="preflight_only" if planned else "incomplete",
+                               reason="hydra.sweeper.preflight_only=true: not launched" if planned
+                               else "launched, but no job directory was written (never started?)"))
     return new
 
 

@@ -129,7 +129,9 @@ def render(jobs: list[Job], source: str, root: Path | None) -> str:
     """The markdown report."""
     base, kind = baseline(jobs), split_kind(jobs)
     counts = Counter(STATUS[j.status] for j in jobs)
-    fixed = {k: v for k, v in base.items() if all(j.knob(k) == v for j in jobs if j.config)}
+    # a job without a config (skipped by preflight) counts by its overrides: one that sets the knob otherwise differs
+    fixed = {k: v for k, v in base.items() if all(j.knob(k) == v if j.config else j.knob(k) in (None, v)
+                                                  for j in jobs)}
     lines = [f"# Sweep report: {Path(source).name or source}", "",
              f"Source: `{source}` · {len(jobs)} job{'s' * (len(jobs) != 1)}: "
              + ", ".join(f"{n} {s}" for s, n in counts.most_common()), "",

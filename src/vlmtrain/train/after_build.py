@@ -63,10 +63,12 @@ def microbatches(run: RunConfig, res: Resolved) -> int:
 
     n = get_num_microbatches()
     if n != res.grad_accum:
+        from vlmtrain.config.groups.train import global_batch_size
+
         t = run.train
         raise SettingNotApplied(
             f"Megatron runs {n} micro-batches per step, but the run resolved grad_accum={res.grad_accum} "
-            f"(train.global_batch_size {t.global_batch_size} / (train.micro_batch_size {t.micro_batch_size} x DP "
+            f"(train.global_batch_size {global_batch_size(run)} / (train.micro_batch_size {t.micro_batch_size} x DP "
             f"{res.layout.dp})): a +bridge.train.* or parallelism override changed the batch arithmetic.")
     return n
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from vlmtrain.check.preflight.packing import packed_rows
 from vlmtrain.check.preflight.registry import Severity, rule
 from vlmtrain.config.groups.data import Kind as DataKind
+from vlmtrain.config.groups.train import global_batch_size
 
 if TYPE_CHECKING:
     from vlmtrain.config.resolve import Resolved
@@ -48,7 +49,7 @@ def data_fills_global_batch(run: RunConfig, res: Resolved) -> str | None:
     data=realistic) still checks the layout; the auto defaults never pack into it (check.defaults)."""
     from vlmtrain.check.preflight.validation import held_out_samples, source_samples
 
-    gbs, per = run.train.global_batch_size, run.train.micro_batch_size * res.layout.dp
+    gbs, per = global_batch_size(run), run.train.micro_batch_size * res.layout.dp
     packed = packed_rows(run, res)
     if packed is not None:
         lengths, rows, _ = packed

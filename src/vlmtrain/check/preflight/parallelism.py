@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from vlmtrain.check.preflight.registry import Severity, bridge, rule
 from vlmtrain.config import world
 from vlmtrain.config.groups.parallelism import is_fsdp
+from vlmtrain.config.groups.train import global_batch_size
 
 if TYPE_CHECKING:
     from vlmtrain.config.resolve import Resolved
@@ -132,11 +133,12 @@ def profile_step_in_run(run: RunConfig, res: Resolved) -> str | None:
 @rule(Severity.error)
 def global_batch_divisible(run: RunConfig, res: Resolved) -> str | None:
     lay = res.layout
-    t = run.train
-    if t.global_batch_size % (t.micro_batch_size * lay.dp):
-        return (f"train.global_batch_size={t.global_batch_size} is not a multiple of micro_batch_size x DP = "
+    t, gbs = run.train, global_batch_size(run)
+    if gbs % (t.micro_batch_size * lay.dp):
+        return (f"train.global_batch_size={gbs} is not a multiple of micro_batch_size x DP = "
                 f"{t.micro_batch_size} x {lay.dp}. Use train.global_batch_size="
-                f"{max(1, round(t.global_batch_size / (t.micro_batch_size * lay.dp))) * t.micro_batch_size * lay.dp}.")
+                f"{max(1, round(gbs / (t.micro_batch_size * lay.dp))) * t.micro_batch_size * lay.dp}, or leave it "
+                "unset: the defaults settle it from the world.")
     return None
 
 

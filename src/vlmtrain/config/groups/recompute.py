@@ -6,6 +6,10 @@
 | selective | selective             | the YAML's module list   | None / None                   |
 | full      | full                  | []                       | uniform / 1                   |
 
+`auto` (the default) reads as `none` until the run is placed; there it settles to `none`, or the least of
+`selective`, `selective` with the whole MoE block recomputed (`moe` in place of `moe_act`) and `full` that the
+memory estimate needs (vlmtrain.check.defaults).
+
 `none` writes an empty list on purpose: left unset, Megatron Core silently promotes it to ["core_attn"].
 """
 
@@ -52,6 +56,9 @@ class RecomputeConfig:
     """Full only: uniform or block."""
     num_layers: int = 1
     """Full only: layers per recompute chunk (uniform) or recomputed layers per stage (block)."""
+    auto: bool = False
+    """recompute=auto (the default): settled where the run is placed (vlmtrain.check.defaults), read as `none` until
+    then."""
 
 
 def apply(run: RunConfig, res: Resolved, cfg: ConfigContainer) -> None:

@@ -3,7 +3,7 @@
 | field              | Bridge field(s)                                      |
 |--------------------|------------------------------------------------------|
 | micro_batch_size   | train.micro_batch_size                               |
-| global_batch_size  | train.global_batch_size (multiple of MBS x DP)       |
+| global_batch_size  | train.global_batch_size (multiple of MBS x DP; null: settled, below) |
 | seq_length         | model.seq_length, dataset.seq_length (model / data)  |
 | iterations         | train.train_iters, scheduler.lr_decay_iters          |
 | lr / min_lr        | optimizer.lr / optimizer.min_lr (cosine, warmup)     |
@@ -29,6 +29,11 @@ eval_interval steps, and once more after the last step, eval_iters batches of th
 or data.validation_fraction) in forward only, each batch validation.eval_global_batch_size samples (default
 train.global_batch_size; with packing, rows), its loss averaged over their loss tokens. The metrics callback puts
 it on that step's metrics.jsonl row as `val_lm_loss`.
+
+global_batch_size: null (the default) is settled where the run is placed (vlmtrain.check.defaults): 8 samples per
+step, raised to the smallest multiple of micro_batch_size x DP at or above it, so every data-parallel rank gets at
+least one micro-batch; a value set is kept (and refused by preflight when MBS x DP does not divide it). A run
+resolved without placement (a library caller) reads it as 8 (`global_batch_size()`).
 
 Any other Bridge field: `+bridge.<section>.<field>=<value>` (applied through Bridge's own override parser,
 which rejects unknown fields).
@@ -81,7 +86,9 @@ class OnNonfinite(StrEnum):
 class TrainConfig:
     micro_batch_size: int = 1
     """Samples per GPU per micro-step. VLMs are MBS-sensitive: sweep it."""
-    global_batch_size: int = 8
+    global_batch_size: int | None = None
+    """Samples per optimizer step (packed: rows). null: settled from the world where the run is placed (the module
+    docstring)."""
     seq_length: int = 4096
     iterations: int = 20
     lr: float = 1.0e-4
@@ -113,18 +120,31 @@ class TrainConfig:
     train.global_batch_size)."""
 
 
+UNSET_GLOBAL_BATCH = 8
+"""Samples per step where train.global_batch_size is unset: what the defaults start from (check.defaults raises it
+to one micro-batch per data-parallel rank), and what a run resolved without placement reads."""
+UNSET_WHY = "train.global_batch_size unset"
+"""How the settled value's reason starts (Resolved.auto), which the plan's batch line repeats."""
+
+
+def global_batch_size(run: RunConfig) -> int:
+    """train.global_batch_size, or UNSET_GLOBAL_BATCH where it is unset and the run was not placed."""
+    gbs = run.train.global_batch_size
+    return UNSET_GLOBAL_BATCH if gbs is None else gbs
+
+
 def eval_global_batch_size(run: RunConfig) -> int:
     """Samples (packed: rows) per evaluation batch: Bridge's validation.eval_global_batch_size, defaulting to
     train.global_batch_size as Bridge's finalization does."""
     from vlmtrain.config.world import bridge_section
 
-    return int(bridge_section(run, "validation").get("eval_global_batch_size") or run.train.global_batch_size)
+    return int(bridge_section(run, "validation").get("eval_global_batch_size") or global_batch_size(run))
 
 
 def apply(run: RunConfig, res: Resolved, cfg: ConfigContainer) -> None:
     t = run.train
     cfg.train.micro_batch_size = t.micro_batch_size
-    cfg.train.global_batch_size = t.global_batch_size
+    cfg.train.global_batch_size = global_batch_size(run)
     cfg.train.train_iters = t.iterations
     cfg.train.exit_signal_handler = True  # SIGTERM (Slurm preemption/timeout) -> checkpoint, then exit
     cfg.optimizer.lr = t.lr

@@ -225,5 +225,7 @@ def fill_defaults(spec: Spec, node_gpus: int = 0) -> None:
             continue  # kernels=auto settles these per candidate: pinned here, kernels=fast could never turn them off
         if key == "layout":
             spec.defaults[key] = layout_name(run, res)
+        elif key == "recompute" and run.choices.get(key) == "auto" and "moe" not in run.recompute.modules:
+            spec.defaults[key] = str(run.recompute.granularity)  # recompute=auto as it settled: one of its options
         else:
             spec.defaults[key] = run.choices.get(key) if key in CHOSEN else OmegaConf.select(tree, key)
