@@ -157,7 +157,7 @@ def parser() -> argparse.ArgumentParser:
     hfx.add_argument("--out", required=True, type=Path, help="an empty or new folder")
     hfx.add_argument("--hf-path", help="where the run's model.hf_path checkpoint is now, if it moved")
     hfx.set_defaults(func=_export)
-    from vlmtrain.lab import experiments  # the experiments' argparse definitions: no torch, no Bridge
+    from vlmtrain.lab.kit import experiments  # the experiments' argparse definitions: no torch, no Bridge
 
     experiments.add_parsers(sub)
     return ap

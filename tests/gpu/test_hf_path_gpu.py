@@ -9,8 +9,9 @@ import json
 import pytest
 
 from vlmtrain.config.world import local_gpus
-from vlmtrain.lab import cases, runner
+from vlmtrain.lab import cases
 from vlmtrain.lab.checks import tiny_hf
+from vlmtrain.lab.kit import runner
 
 pytestmark = pytest.mark.gpu
 

@@ -1,5 +1,5 @@
 """The lab's one way of doing each thing, read from its source: one parser for every experiment, one case type, the
-torchrun command written once, and every process the lab starts going through vlmtrain.lab.runner."""
+torchrun command written once, and every process the lab starts going through vlmtrain.lab.kit.runner."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def test_every_experiment_is_reachable_from_the_one_parser(capsys: pytest.Captur
     no other lab module has a command line of its own (an argparse parser or a __main__ block) but the processes
     the runner starts; the aliases are the same experiments."""
     from vlmtrain import cli
-    from vlmtrain.lab import experiments
+    from vlmtrain.lab.kit import experiments
 
     registered = {module for module, _ in experiments.EXPERIMENTS.values()}
     for name, tree in trees(LAB).items():
@@ -61,7 +61,7 @@ def test_every_named_run_is_one_case_type() -> None:
     from vlmtrain.lab.bridge_benchmarks import H1
     from vlmtrain.lab.cases import Case
     from vlmtrain.lab.checks import acceptance, config_bytes, packing_equivalence, precision_parity, slurm_preempt
-    from vlmtrain.lab.spec import load
+    from vlmtrain.lab.kit.spec import load
     from vlmtrain.lab.tune import space
 
     others = [f"{name}:{node.name}" for name, tree in {**trees(LAB), **trees(ROOT / "tests")}.items()
@@ -97,7 +97,7 @@ def test_every_process_the_lab_starts_goes_through_the_runner() -> None:
     runner's process group, log, timeout and GPU slot hold for every launch."""
     bypass = []
     for name, tree in trees(LAB).items():
-        if name.endswith("lab/runner.py"):
+        if name.endswith("lab/kit/runner.py"):
             continue
         for node in ast.walk(tree):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
@@ -112,7 +112,7 @@ def test_a_row_records_the_command_as_typed() -> None:
     notes begin `Found by \\`vlmtrain tune` is never the hand side of a comparison); other experiments as typed."""
     from argparse import Namespace
 
-    from vlmtrain.lab import experiments
+    from vlmtrain.lab.kit import experiments
     from vlmtrain.lab.tune import command
 
     tune = experiments.typed(Namespace(argv=["lab", "tune", "model=tiny", "--versus", "a=1 b=2"]))

@@ -1,5 +1,5 @@
-"""vlmtrain.lab.runner on real processes: a CPU dry run of train.py through `start` exits 0 and leaves its run dir and
-log; the env a run gets; a timeout, stop() and kill() end the whole process tree (a child in a session of its own
+"""vlmtrain.lab.kit.runner on real processes: a CPU dry run of train.py through `start` exits 0 and leaves its run dir
+and log; the env a run gets; a timeout, stop() and kill() end the whole process tree (a child in a session of its own
 and a grandchild included, as torchrun's ranks and an async checkpoint writer are)."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from pathlib import Path
 
 import psutil
 
-from vlmtrain.lab import cases, runner
+from vlmtrain.lab import cases
+from vlmtrain.lab.kit import runner
 
 TREE = "setsid sleep 300 & (sleep 300 & wait) & wait"
 """A launcher (bash), a child in a session of its own, a subshell and its child: four processes."""

@@ -15,7 +15,8 @@ from vlmtrain.config import world
 from vlmtrain.config.compose import compose
 from vlmtrain.config.resolve import resolve
 from vlmtrain.lab import cases as run_cases
-from vlmtrain.lab import spec, store, sweep, sweep_report
+from vlmtrain.lab import sweep, sweep_report
+from vlmtrain.lab.kit import spec, store
 
 ROOT = Path(__file__).resolve().parents[2]
 

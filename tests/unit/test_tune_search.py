@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 
 from vlmtrain.config.compose import compose
 from vlmtrain.config.resolve import resolve
-from vlmtrain.lab import spec
+from vlmtrain.lab.kit import spec
 from vlmtrain.lab.tune import command, ledger, outputs, search, trials
 from vlmtrain.observe import run_summary
 

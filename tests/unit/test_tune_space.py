@@ -14,7 +14,8 @@ from omegaconf import OmegaConf
 
 from vlmtrain.config.compose import CONF_DIR
 from vlmtrain.config.resolve import resolve
-from vlmtrain.lab import cases, spec
+from vlmtrain.lab import cases
+from vlmtrain.lab.kit import spec
 from vlmtrain.lab.tune import space
 
 ROOT = Path(__file__).resolve().parents[2]

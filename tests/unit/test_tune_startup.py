@@ -14,7 +14,7 @@ import pytest
 
 from vlmtrain.config.groups import model
 from vlmtrain.config.groups.kernels import cache_root
-from vlmtrain.lab import spec
+from vlmtrain.lab.kit import spec
 from vlmtrain.lab.tune import command, outputs, space, trials
 from vlmtrain.observe import run_summary
 

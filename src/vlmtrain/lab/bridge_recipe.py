@@ -22,10 +22,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vlmtrain.lab import experiments, repeats, runner, store
 from vlmtrain.lab.bridge_benchmarks import BENCHMARKS, ITERATIONS, LAYERS, Benchmark
 from vlmtrain.lab.cases import placed_resolved
-from vlmtrain.lab.runner import ROOT
+from vlmtrain.lab.kit import experiments, runner, schedule, store
+from vlmtrain.lab.kit.runner import ROOT
 from vlmtrain.observe import run_summary
 
 if TYPE_CHECKING:
@@ -181,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
         dry_run(bench, args.out / f"dry-run-{bench.name}")
         return 0
     machine_run = store.machine_run()
-    have = repeats.done(args.results, bench.run.name, machine_run)
+    have = schedule.done(args.results, bench.run.name, machine_run)
     print(f"[bridge-recipe] {have} of {args.repeats} runs recorded on {machine_run}", flush=True)
     t0, walls = time.monotonic(), []
     for i in range(have, args.repeats):
@@ -193,6 +193,6 @@ def run(args: argparse.Namespace) -> int:
             return 1
         walls.append(time.monotonic() - started)
     if have < args.repeats:
-        repeats.append_summary(args.results, bench.run.name, machine_run,
+        schedule.append_summary(args.results, bench.run.name, machine_run,
                                f"{ENTRY} {BENCH_FLAG} {bench.name} --repeats {args.repeats}")
     return 0

@@ -6,7 +6,7 @@ repeats and medians are specs of `vlmtrain sweep`: conf/tune/perf_h200.yaml hold
     vlmtrain lab cases gpu_training [--only NAME ...] [--results results/gpu_training.jsonl]
 
 Cases that fit on fewer GPUs than the node has run side by side (CUDA_VISIBLE_DEVICES slots). Each case is a
-plain `python train.py <overrides>` run (vlmtrain.lab.runner); its metrics.jsonl / checks.json are summarized by
+plain `python train.py <overrides>` run (vlmtrain.lab.kit.runner); its metrics.jsonl / checks.json are summarized by
 vlmtrain.observe.run_summary.
 
 The lab's two one-GPU benchmarks, by the names its cases, rows and docstrings use (conf/tune/perf_h200.yaml runs them):
@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vlmtrain.config.world import local_gpus
-from vlmtrain.lab import runner, store
-from vlmtrain.lab.runner import ROOT
+from vlmtrain.lab.kit import runner, store
+from vlmtrain.lab.kit.runner import ROOT
 from vlmtrain.observe import run_summary
 
 if TYPE_CHECKING:
@@ -88,7 +88,7 @@ class Case:
     gpus: int = 1
     overrides: list[str] = field(default_factory=list)
     values: dict[str, Any] = field(default_factory=dict)
-    """The spec's knob values the case was made from (vlmtrain.lab.spec: a search's next stage varies them)."""
+    """The spec's knob values the case was made from (vlmtrain.lab.kit.spec: a search's next stage varies them)."""
     module: str | None = None
     """What each torchrun rank runs on the case's saved run config instead of training (runner.start_ranks: a
     check's own rank); None: `python train.py`."""

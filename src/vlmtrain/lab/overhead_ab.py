@@ -26,9 +26,10 @@ from typing import Any
 
 from vlmtrain.lab import bridge_alone as direct_pretrain
 from vlmtrain.lab import cases as run_cases
-from vlmtrain.lab import spec as spec_module
-from vlmtrain.lab import store
 from vlmtrain.lab.cases import ROOT, Case
+from vlmtrain.lab.kit import spec as spec_module
+from vlmtrain.lab.kit import store
+from vlmtrain.lab.kit.spec import Spec
 from vlmtrain.lab.overhead import (
     ITERATIONS,
     PORT,
@@ -40,7 +41,6 @@ from vlmtrain.lab.overhead import (
     profiled_iterations,
     run_direct,
 )
-from vlmtrain.lab.spec import Spec
 from vlmtrain.lab.sweep import as_run_case
 
 

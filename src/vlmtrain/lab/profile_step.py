@@ -14,8 +14,9 @@ import time
 from pathlib import Path
 
 from vlmtrain.lab import cases as run_cases
-from vlmtrain.lab import experiments, spec, store, sweep
+from vlmtrain.lab import sweep
 from vlmtrain.lab.cases import ROOT, Case
+from vlmtrain.lab.kit import experiments, spec, store
 from vlmtrain.observe import run_summary
 from vlmtrain.report import profile
 

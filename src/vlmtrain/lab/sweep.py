@@ -4,7 +4,7 @@ case in the spec's results file (vlmtrain.observe.run_summary; metrics from summ
 `config`); `--report` writes <results>.md from that file alone. With `--repeats N` (default: the spec's `repeats`, else
 1) each case runs until this machine run has N finished runs of it (one row each, with `machine_run` and `run`;
 runs already recorded for the machine run are skipped, so repeats may span invocations), then its summary row:
-median and min-max (vlmtrain.lab.repeats).
+median and min-max (vlmtrain.lab.kit.schedule).
 
     vlmtrain sweep perf_h200x2 --sweep mbs parallelism [--only SUBSTR ...] [--iterations 8]
     vlmtrain sweep perf_h200 --sweep h1 [--repeats 3] [--budget-s 600]   # one H200: 3 runs per case, then medians
@@ -23,10 +23,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vlmtrain.lab import cases as run_cases
-from vlmtrain.lab import repeats, store, sweep_report
-from vlmtrain.lab import spec as spec_module
+from vlmtrain.lab import sweep_report
 from vlmtrain.lab.cases import ROOT, Case
-from vlmtrain.lab.spec import Spec
+from vlmtrain.lab.kit import schedule, store
+from vlmtrain.lab.kit import spec as spec_module
+from vlmtrain.lab.kit.spec import Spec
 from vlmtrain.lab.tune import trials
 
 if TYPE_CHECKING:
@@ -107,7 +108,7 @@ def pending(cases: list[Case], args: argparse.Namespace, machine_run: str) -> li
     case alike, and a budget cut leaves every case with about as many runs."""
     todo = []
     for case in cases:
-        have = repeats.done(args.results, case.name, machine_run) if args.repeats > 1 else 0
+        have = schedule.done(args.results, case.name, machine_run) if args.repeats > 1 else 0
         if args.repeats > 1 and have:
             print(f"[sweep] {case.name}: {have} of {args.repeats} runs already recorded on {machine_run}", flush=True)
         todo += [(case, i) for i in range(have, args.repeats)]
@@ -177,7 +178,7 @@ def main(spec: Spec, args: argparse.Namespace) -> int:
             continue
         ran.add(case.name)
         if extra and i + 1 == args.repeats:
-            repeats.append_summary(args.results, case.name, machine_run, f"{args.runner} --repeats {args.repeats}")
+            schedule.append_summary(args.results, case.name, machine_run, f"{args.runner} --repeats {args.repeats}")
     mock_ratio_row(spec, ran, args.results, f"{args.entry} --sweep mock")
     return 1 if failed else 0
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from vlmtrain.lab import repeats as reps
-from vlmtrain.lab import store
+from vlmtrain.lab.kit import schedule as reps
+from vlmtrain.lab.kit import store
+from vlmtrain.lab.kit.spec import Spec
 from vlmtrain.lab.micro import ceiling
-from vlmtrain.lab.spec import Spec
 from vlmtrain.observe import run_summary
 
 REPEATED_NOTE = "the latest of repeated runs: their median is below"

@@ -32,8 +32,8 @@ from vlmtrain.check import memory
 from vlmtrain.config.compose import compose
 from vlmtrain.config.resolve import Resolved, resolve
 from vlmtrain.config.schema import RunConfig
-from vlmtrain.lab import experiments, store
-from vlmtrain.lab.runner import ROOT
+from vlmtrain.lab.kit import experiments, store
+from vlmtrain.lab.kit.runner import ROOT
 from vlmtrain.observe import run_summary
 
 TARGET_PCT = 15.0

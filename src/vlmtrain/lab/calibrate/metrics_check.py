@@ -23,8 +23,8 @@ from pathlib import Path
 from vlmtrain.config import architecture as arch
 from vlmtrain.config.resolve import Resolved
 from vlmtrain.config.schema import RunConfig
-from vlmtrain.lab import experiments, store
-from vlmtrain.lab.runner import ROOT
+from vlmtrain.lab.kit import experiments, store
+from vlmtrain.lab.kit.runner import ROOT
 from vlmtrain.launch import local
 from vlmtrain.observe import run_summary
 

@@ -19,9 +19,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-from vlmtrain.lab import cases, runner, store
+from vlmtrain.lab import cases
 from vlmtrain.lab.cases import INPUTS, Case
-from vlmtrain.lab.runner import ROOT
+from vlmtrain.lab.kit import runner, store
+from vlmtrain.lab.kit.runner import ROOT
 from vlmtrain.observe import run_summary
 
 TINY = [*cases.TINY, *cases.steps(10)]

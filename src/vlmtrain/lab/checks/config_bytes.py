@@ -18,9 +18,10 @@ import hashlib
 import re
 from pathlib import Path
 
-from vlmtrain.lab import cases, runner
+from vlmtrain.lab import cases
 from vlmtrain.lab.cases import INPUTS, Case
-from vlmtrain.lab.runner import ROOT
+from vlmtrain.lab.kit import runner
+from vlmtrain.lab.kit.runner import ROOT
 
 CASES = [
     Case("tiny_defaults", overrides=cases.TINY),

@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vlmtrain.lab import runner
 from vlmtrain.lab.checks.resume import (
     TOLERANCE,
     data_position,
@@ -34,6 +33,7 @@ from vlmtrain.lab.checks.resume import (
     samples,
     tracker,
 )
+from vlmtrain.lab.kit import runner
 
 ITERATIONS, SAVE_INTERVAL = 8, 2
 """Checkpoints at steps 2, 4, 6, 8: the first one complete, the kill lands in the write of the next."""

@@ -43,10 +43,11 @@ import json
 import os
 from pathlib import Path
 
-from vlmtrain.lab import cases, experiments, runner, store
+from vlmtrain.lab import cases
 from vlmtrain.lab.cases import Case
 from vlmtrain.lab.checks import packing_harness as harness
-from vlmtrain.lab.runner import ROOT
+from vlmtrain.lab.kit import experiments, runner, store
+from vlmtrain.lab.kit.runner import ROOT
 
 BASE = [
     "data=realistic",

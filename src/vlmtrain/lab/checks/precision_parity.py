@@ -7,7 +7,7 @@
 Every run is `python train.py` on the 30B-A3B layer shapes at 4 decoder layers, real images (data=realistic),
 MBS 1, GBS 1, the same seed and data order for every recipe, one run after another. Run dirs go under
 outputs/precision/<machine run>/<mode>/<recipe>-<i> (case.json: rc, command, the GPU machine and the machine run,
-vlmtrain.lab.store.machine_run); `summarize` (on any machine) appends to results/precision_h200.jsonl one row per
+vlmtrain.lab.kit.store.machine_run); `summarize` (on any machine) appends to results/precision_h200.jsonl one row per
 run and one summary row per recipe and machine run: the median of its speed runs' steady step_s / useful tokens/s
 with the min-max spread, the speed ratio against BF16's median on the same machine run and samples, the peak memory
 of all its runs, and the loss parity of its 100-step run against BF16's: the largest absolute difference of the two
@@ -22,9 +22,10 @@ import os
 import statistics
 from pathlib import Path
 
-from vlmtrain.lab import cases, experiments, repeats, runner, store
+from vlmtrain.lab import cases
 from vlmtrain.lab.cases import Case
-from vlmtrain.lab.runner import ROOT
+from vlmtrain.lab.kit import experiments, runner, schedule, store
+from vlmtrain.lab.kit.runner import ROOT
 from vlmtrain.observe import run_summary
 
 OUT = ROOT / "outputs" / "precision"
@@ -124,8 +125,8 @@ def speed(timed: list[dict], bf16: list[dict]) -> dict[str, object]:
         return {}
     out: dict[str, object] = {
         "speed_runs": len(timed),
-        **repeats.spread([s["useful_tokens_per_s_per_gpu"] for s in timed], "useful_tokens_per_s_per_gpu"),
-        **repeats.spread([s["step_s"] for s in timed], "step_s"),
+        **schedule.spread([s["useful_tokens_per_s_per_gpu"] for s in timed], "useful_tokens_per_s_per_gpu"),
+        **schedule.spread([s["step_s"] for s in timed], "step_s"),
         "mfu": statistics.median(s["mfu"] for s in timed),
         "mfu_precision_peak": statistics.median(s["mfu_precision_peak"] for s in timed)}
     if bf16 and {s["steady_nonpad_tokens"] for s in timed} == {s["steady_nonpad_tokens"] for s in bf16}:

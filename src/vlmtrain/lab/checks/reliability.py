@@ -32,9 +32,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from vlmtrain.lab import cases, experiments, runner, store
+from vlmtrain.lab import cases
 from vlmtrain.lab.checks.kill_checkpoint import MODES, kill_mid_checkpoint
-from vlmtrain.lab.runner import ROOT
+from vlmtrain.lab.kit import experiments, runner, store
+from vlmtrain.lab.kit.runner import ROOT
 from vlmtrain.observe import failure, run_summary, timing
 
 TINY_RUN = [*cases.TINY, "gpus_per_node=1", "dry_run=false", "train.global_batch_size=2", "train.micro_batch_size=1"]

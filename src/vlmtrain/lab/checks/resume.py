@@ -8,7 +8,7 @@ position a killed, preempted or resumed run is compared by.
     vlmtrain lab resume --parallelism fsdp --packed    # packed (data.packing=1024)
 
 Run A trains 12 steps uninterrupted. Run B is the same command with its own checkpoint_dir: its whole process tree
-is SIGKILLed (vlmtrain.lab.runner.kill_tree) once it has checkpointed step 4 and logged step 6, then relaunched
+is SIGKILLed (vlmtrain.lab.kit.runner.kill_tree) once it has checkpointed step 4 and logged step 6, then relaunched
 unchanged; it must resume from the checkpoint and reproduce A's losses. Appends one row to results/resume.jsonl.
 
 The data position too: every run writes samples.jsonl (the sample indices of each step's micro-batches, per
@@ -24,9 +24,9 @@ import json
 import time
 from pathlib import Path
 
-from vlmtrain.lab import experiments, runner, store
 from vlmtrain.lab.cases import TINY
-from vlmtrain.lab.runner import ROOT
+from vlmtrain.lab.kit import experiments, runner, store
+from vlmtrain.lab.kit.runner import ROOT
 from vlmtrain.observe import run_summary
 
 TOLERANCE = 0.02  # max |loss difference|: BF16 + non-deterministic MoE/grouped-GEMM reductions
@@ -53,7 +53,7 @@ def overrides(parallelism: str, ckpt: Path, packed: bool = False, iterations: in
 
 
 def launch(args: list[str], run_dir: Path, gpu: int) -> runner.Run:
-    """The run on GPU `gpu` in run_dir (vlmtrain.lab.runner: a port of its own, its own process group)."""
+    """The run on GPU `gpu` in run_dir (vlmtrain.lab.kit.runner: a port of its own, its own process group)."""
     return runner.start(args, run_dir, gpus=[gpu])
 
 

@@ -37,10 +37,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vlmtrain.lab import cases, experiments, runner, store
+from vlmtrain.lab import cases
 from vlmtrain.lab.cases import Case
 from vlmtrain.lab.checks.resume import TOLERANCE, losses, max_loss_diff, tracker
-from vlmtrain.lab.runner import ROOT
+from vlmtrain.lab.kit import experiments, runner, store
+from vlmtrain.lab.kit.runner import ROOT
 from vlmtrain.observe import run_summary
 
 GIB = 1024**3

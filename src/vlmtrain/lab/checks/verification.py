@@ -42,10 +42,10 @@ from pathlib import Path
 from typing import Any
 
 from vlmtrain.config.groups.model import Family
-from vlmtrain.lab import experiments, runner, store
 from vlmtrain.lab.cases import Case
 from vlmtrain.lab.checks import resume, tiny_hf
-from vlmtrain.lab.runner import ROOT
+from vlmtrain.lab.kit import experiments, runner, store
+from vlmtrain.lab.kit.runner import ROOT
 
 Emit = Callable[[str, str, dict[str, Any]], None]
 """emit(check, command, metrics): writes a check's row (writer)."""

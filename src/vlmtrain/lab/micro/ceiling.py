@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vlmtrain.config import architecture as arch
-from vlmtrain.lab import cases, experiments, repeats, store
-from vlmtrain.lab.runner import ROOT
+from vlmtrain.lab import cases
+from vlmtrain.lab.kit import experiments, schedule, store
+from vlmtrain.lab.kit.runner import ROOT
 
 if TYPE_CHECKING:
     from vlmtrain.config.groups.model import ModelConfig
@@ -111,7 +112,7 @@ def iterations(g: Gemm, target_s: float = 0.05, guess_tflops: float = 500.0) -> 
 
 def row_metrics(g: Gemm, rates: list[float], peak: float) -> dict[str, Any]:
     med = statistics.median(rates)
-    return {**repeats.spread(rates, "tflops_per_s"), "fraction_of_peak": med / peak, "repeats": len(rates),
+    return {**schedule.spread(rates, "tflops_per_s"), "fraction_of_peak": med / peak, "repeats": len(rates),
             "m": g.m, "k": g.k, "n": g.n, "batch": g.batch, "tower": g.tower}
 
 
@@ -130,9 +131,10 @@ def tower_ceilings(rows: list[dict[str, Any]], machine_run: str) -> dict[str, fl
 
 
 def towers_vs_ceiling(rows: list[dict[str, Any]], machine_run: str, peak: float) -> dict[str, Any] | None:
-    """The best full-training H1 case of the machine run (repeats.best_h1): each tower's achieved TFLOP/s (mfu_<tower> x
-    peak) and its fraction of that tower's measured GEMM rate; None until both exist on the machine run."""
-    ceilings, h1 = tower_ceilings(rows, machine_run), repeats.best_h1(rows, machine_run)
+    """The best full-training H1 case of the machine run (schedule.best_h1): each tower's achieved TFLOP/s
+    (mfu_<tower> x peak) and its fraction of that tower's measured GEMM rate;
+    None until both exist on the machine run."""
+    ceilings, h1 = tower_ceilings(rows, machine_run), schedule.best_h1(rows, machine_run)
     if not ceilings or h1 is None:
         return None
     best, m = h1[0], h1[1]["metrics"]

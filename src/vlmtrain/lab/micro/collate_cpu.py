@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vlmtrain.lab import experiments, store
+from vlmtrain.lab.kit import experiments, store
+from vlmtrain.lab.kit.runner import ROOT
 from vlmtrain.lab.micro.ceiling import H1_MODEL
-from vlmtrain.lab.runner import ROOT
 
 H1 = [*H1_MODEL, "data=realistic", "train.global_batch_size=4", "dry_run=true"]
 """The H1 case's model and data (conf/tune/perf_h200.yaml `h1`); dry_run: no GPU is asked for."""

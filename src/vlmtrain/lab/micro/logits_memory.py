@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from vlmtrain.lab import experiments, store
-from vlmtrain.lab.runner import ROOT
+from vlmtrain.lab.kit import experiments, store
+from vlmtrain.lab.kit.runner import ROOT
 
 TOKENS, VOCAB, HIDDEN = 12288, 151936, 2048
 """One H1 row through Qwen3-VL-30B-A3B's output layer (vocab 151936, hidden 2048)."""

@@ -32,8 +32,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from vlmtrain.lab import experiments, store
-from vlmtrain.lab.runner import ROOT
+from vlmtrain.lab.kit import experiments, store
+from vlmtrain.lab.kit.runner import ROOT
 
 HEADS, HEAD_DIM, VIT_LAYERS, MICRO_BATCHES = 16, 72, 27, 4
 """Qwen3-VL-30B-A3B's ViT, and H1's micro-batches per step (GBS 4 rows)."""
@@ -142,7 +142,7 @@ def time_variant(run: Callable[..., Any], x: dict[str, Any], repeats: int, iters
 
 def measure(names: list[str], repeats: int, iters: int, lengths: list[int]) -> list[tuple[str, dict[str, Any]]]:
     """(variant, metrics) for each variant that could run here; a missing library gives {"skipped": why}."""
-    from vlmtrain.lab import repeats as rep
+    from vlmtrain.lab.kit import schedule as rep
 
     x, fl, rows, first = _inputs(lengths), flops(lengths), [], None
     for name in names:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from vlmtrain.lab.cases import Case, placed_resolved
-from vlmtrain.lab.spec import Spec, Stage
+from vlmtrain.lab.kit.spec import Spec, Stage
 from vlmtrain.lab.tune import budget, finalists, ledger, space, trials
 from vlmtrain.lab.tune.budget import OutOfTime
 from vlmtrain.lab.tune.ledger import STATE

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from vlmtrain.lab.cases import Case, placed_resolved
-from vlmtrain.lab.spec import Spec, Stage
+from vlmtrain.lab.kit.spec import Spec, Stage
 
 if TYPE_CHECKING:
     from vlmtrain.config.resolve import Resolved
@@ -42,14 +42,14 @@ def _divisors(n: int, limit: int | None = None) -> list[int]:
 
 
 def _name(kind: str, tp: int = 1, pp: int = 1, vpp: int | None = None, cp: int = 1, ep: int = 1, etp: int = 1) -> str:
-    """A layout's name (vlmtrain.lab.spec.layout_overrides): the kind, then each degree above 1 (EP always)."""
+    """A layout's name (vlmtrain.lab.kit.spec.layout_overrides): the kind, then each degree above 1 (EP always)."""
     parts = [f"tp{tp}" * (tp > 1), f"pp{pp}" * (pp > 1), f"vpp{vpp}" if vpp else "", f"cp{cp}" * (cp > 1), f"ep{ep}",
              f"etp{etp}" * (etp > 1)]
     return "-".join([kind, *(p for p in parts if p)])
 
 
 def layouts(kind: str, world_size: int, gpus_per_node: int, num_experts: int, num_layers: int) -> list[str]:
-    """Layout names (vlmtrain.lab.spec.layout_overrides) of one kind for this world and model."""
+    """Layout names (vlmtrain.lab.kit.spec.layout_overrides) of one kind for this world and model."""
     if kind == "fsdp":
         return [_name("fsdp", ep=ep) for ep in _divisors(math.gcd(world_size, num_experts))]
     if kind == "dp":

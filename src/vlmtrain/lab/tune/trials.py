@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from vlmtrain.lab import runner
+from vlmtrain.lab.kit import runner
 from vlmtrain.observe import run_summary
 
 RUN_SUBDIR = "run"
@@ -80,8 +80,8 @@ Launch = Callable[[Path, list[str]], Handle]
 
 
 class SweepProcess:
-    """`python train.py -m ... hydra.sweep.dir=<trial dir>` (vlmtrain.lab.runner: its own process group, torchrun and
-    the ranks with it); under hydra/launcher=slurm, stop() also cancels the Slurm jobs submitit started
+    """`python train.py -m ... hydra.sweep.dir=<trial dir>` (vlmtrain.lab.kit.runner: its own process group, torchrun
+    and the ranks with it); under hydra/launcher=slurm, stop() also cancels the Slurm jobs submitit started
     (`.submitit/<job id>`)."""
 
     def __init__(self, trial_dir: Path, overrides: list[str]):

@@ -2,7 +2,7 @@
 and the rule that picks a name's current row.
 
 A row is {name, command, date, machine, machine_run, metrics, ...}; metric keys carry units (the run's own figures
-come from vlmtrain.observe.run_summary). Medians of repeats on one machine run are vlmtrain.lab.repeats'.
+come from vlmtrain.observe.run_summary). Medians of repeats on one machine run are vlmtrain.lab.kit.schedule'.
 """
 
 from __future__ import annotations

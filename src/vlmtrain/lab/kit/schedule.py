@@ -1,7 +1,7 @@
 """Repeated runs of one benchmark case on one machine run, and their summary row: the median and the min-max spread
 of each headline metric over the runs (never the best of them), so a claim carries its run-to-run spread.
 
-A run row is a results row with `machine_run` (vlmtrain.lab.store.machine_run says what it is) and `run` (its
+A run row is a results row with `machine_run` (vlmtrain.lab.kit.store.machine_run says what it is) and `run` (its
 number within the machine run); the case's summary row is `<case>_summary` with the same `machine_run` and `runs`.
 Runs already recorded for a machine run are not run again (`done`), so a case's repeats may be split over several
 invocations on one machine.
@@ -18,7 +18,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from vlmtrain.lab import store
+from vlmtrain.lab.kit import store
 from vlmtrain.observe import run_summary
 
 KEYS = ("useful_tokens_per_s_per_gpu", "mfu", "step_s", "peak_mem_gib", "mfu_vit", "mfu_projector", "mfu_decoder")

@@ -1,0 +1,1 @@
+"""The lab's kit: what every experiment is made of."""
