@@ -1,6 +1,6 @@
 """What the product tells its readers: src/, conf/ and the docs name no issue of the project's tracker and no tool of
-the machines it was measured on, and the benchmark codes H1 and H2 appear only where their definition is at hand
-(the lab, which defines them in vlmtrain.lab.cases, and docs that link docs/benchmarks.md's). Link targets are left
+the machines it was measured on, and the benchmark codes H1 and H2 appear only where their definition is at hand (the
+lab, which defines them in vlmtrain.lab.kit.baselines, and docs that link docs/benchmarks.md's). Link targets are left
 out: an anchor into docs/measurements.md is that file's heading."""
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def test_benchmark_codes_only_where_defined() -> None:
     lab = ROOT / "src" / "vlmtrain" / "lab"
     outside_lab = [p for p in product() if p.suffix == ".py" and lab not in p.parents]
     assert not (hits := found(BENCHMARK, outside_lab)), "\n".join(hits)
-    cases = (lab / "cases.py").read_text()
+    cases = (lab / "kit" / "baselines.py").read_text()
     assert "- H1: one H200" in cases and "- H2: the same" in cases
     assert "## The benchmarks H1 and H2" in (ROOT / "docs" / "benchmarks.md").read_text()
     undefined = [d for d in USER_DOCS if found(BENCHMARK, [ROOT / d]) and DEFINITION not in (ROOT / d).read_text()]

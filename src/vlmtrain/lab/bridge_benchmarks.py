@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from vlmtrain.lab.cases import Case
+from vlmtrain.lab.kit.case import Case
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
@@ -68,16 +68,15 @@ RANK = "vlmtrain.lab.bridge_recipe_rank"
 
 
 def peer(name: str, overrides: list[str]) -> Case:
-    """A benchmark's peer run: one GPU, its rank RANK."""
+    """A benchmark's peer run: one GPU (its command line adds gpus_per_node=1), its rank RANK."""
     return Case(f"{name}_bridge-recipe", 1, overrides, module=RANK)
 
 
 H1 = Benchmark(
     "h1", "megatron.bridge.recipes.qwen_vl.h100.qwen3_vl.qwen3_vl_30b_a3b_sft_8gpu_h100_bf16_config",
     peer("h1", ["model=qwen3_vl_30b_a3b", f"model.num_layers={LAYERS}", "data=realistic", "hardware=h200",
-                "train.seq_length=4096", "gpus_per_node=1", "parallelism=3d", "parallelism.ep=1",
-                "train.micro_batch_size=2", "train.global_batch_size=32", "dispatcher=alltoall", "vision=trainable",
-                "wandb.enabled=false"]),
+                "train.seq_length=4096", "parallelism=3d", "parallelism.ep=1", "train.micro_batch_size=2",
+                "train.global_batch_size=32", "dispatcher=alltoall", "vision=trainable"]),
     hub_layers=48, ep=8, changes=())
 """H1's peer: Qwen3-VL-30B-A3B's recipe (every tower trainable, MBS 2, GBS 32, alltoall, in-batch packing deferred to
 its step)."""
@@ -85,9 +84,8 @@ its step)."""
 H2 = Benchmark(
     "h2", "megatron.bridge.recipes.qwen_vl.h100.qwen35_vl.qwen35_vl_35b_a3b_sft_2gpu_h100_bf16_fsdp_config",
     peer("h2", ["model=qwen35_vl_35b_a3b", f"model.num_layers={LAYERS}", "data=realistic", "hardware=h200",
-                "train.seq_length=4096", "gpus_per_node=1", "parallelism=fsdp", "parallelism.ep=1",
-                "train.micro_batch_size=4", "train.global_batch_size=32", "dispatcher=alltoall", "vision=trainable",
-                "wandb.enabled=false"]),
+                "train.seq_length=4096", "parallelism=fsdp", "parallelism.ep=1", "train.micro_batch_size=4",
+                "train.global_batch_size=32", "dispatcher=alltoall", "vision=trainable"]),
     hub_layers=40, ep=2,
     changes=(("model.mtp_num_layers", "1 -> none (benchmark H2 is the 4 decoder layers: vlmtrain's model and FLOP "
                                       "count have no MTP layer, so both sides do the same work)"),))

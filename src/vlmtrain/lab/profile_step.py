@@ -11,12 +11,10 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
-from vlmtrain.lab import cases as run_cases
-from vlmtrain.lab import sweep
-from vlmtrain.lab.cases import ROOT, Case
-from vlmtrain.lab.kit import experiments, spec, store
+from vlmtrain.lab.kit import experiments, runner, spec, store
+from vlmtrain.lab.kit.case import Case
+from vlmtrain.lab.kit.runner import ROOT
 from vlmtrain.observe import run_summary
 from vlmtrain.report import profile
 
@@ -25,7 +23,7 @@ def profile_case(case: Case, step: int) -> Case:
     """The case plus `train.profile_step` (two more iterations, so the profiled one is not the last)."""
     kept = [o for o in case.overrides if not o.startswith("train.iterations=")]
     extra = [f"train.iterations={step + 2}", f"train.profile_step={step}"]
-    return Case(f"profile_{case.name}", case.gpus, [*kept, *extra])
+    return Case(f"profile_{case.name}", case.gpus, [*kept, *extra], dry_run=False)
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -34,23 +32,23 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     "else its first case")
     ap.add_argument("--step", type=int, default=5, help="the profiled iteration (after warm-up)")
     ap.add_argument("--extra", nargs="*", default=[], help="overrides added to the case (e.g. what a fix changes)")
-    ap.add_argument("--results", type=Path, default=None, help="default results/profile_<spec without perf_>.jsonl")
-    ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "profile")
+    experiments.add_results(ap, None, "results/profile_<spec without perf_>.jsonl")
+    experiments.add_out(ap, "profile")
 
 
 def run(args: argparse.Namespace) -> int:
     perf = spec.load(args.spec)
-    expanded = perf.expand(["all"])
-    cases = {c.name: sweep.as_run_case(perf, c, int(perf.get("iterations"))) for c in expanded}
-    args.case = args.case or (perf.case(perf.get("best")) if perf.get("best") else expanded[0]).name
+    expanded = perf.expand(["all"], iterations=int(perf.get("iterations")))
+    cases = {c.name: c for c in expanded}
+    args.case = args.case or (perf.name_of(perf.get("best")) if perf.get("best") else expanded[0].name)
     args.results = args.results or ROOT / "results" / f"profile_{args.spec.removeprefix('perf_')}.jsonl"
     if args.case not in cases:
         print(f"unknown case {args.case!r}; see vlmtrain sweep {args.spec} --sweep all --list", file=sys.stderr)
         return 2
     base = cases[args.case]
-    case = profile_case(Case(base.name, base.gpus, [*base.overrides, *args.extra]), args.step)
+    case = profile_case(base.plus(*args.extra), args.step)
     t0 = time.time()
-    ((_, rc, run_dir, _),) = run_cases.run_batch([case], args.out, base.gpus)
+    ((_, rc, run_dir, _),) = runner.side_by_side([case], args.out)
     if rc != 0:
         print(f"[profile] {case.name} failed rc={rc}; see {run_dir / 'train.log'}", flush=True)
         return rc
@@ -60,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     metrics.update({f"kernel_ms_{k.replace('/', '_')}": v for k, v in s["kernel_ms_by_family"].items()})
     # the run's median step; its rates are left out: the profiled step includes writing the trace
     metrics.update({k: v for k, v in run_summary.summarize(run_dir).items() if k in ("step_s", "peak_mem_gib")})
-    store.append(args.results, case.name, experiments.typed(args), metrics, config=run_cases.overrides(case),
+    store.append(args.results, case.name, experiments.typed(args), metrics, config=case.command_line(),
                  wall_s=round(time.time() - t0, 1),
                  **{k: s[k] for k in ("top_kernels_ms", "kernel_ms_by_python_site", "idle_ms_by_python_site")})
     return 0

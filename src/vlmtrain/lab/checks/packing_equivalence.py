@@ -43,10 +43,9 @@ import json
 import os
 from pathlib import Path
 
-from vlmtrain.lab import cases
-from vlmtrain.lab.cases import Case
 from vlmtrain.lab.checks import packing_harness as harness
-from vlmtrain.lab.kit import experiments, runner, store
+from vlmtrain.lab.kit import baselines, experiments, runner, store
+from vlmtrain.lab.kit.case import Case, placed_resolved
 from vlmtrain.lab.kit.runner import ROOT
 
 BASE = [
@@ -73,16 +72,16 @@ def case(name: str, overrides: list[str]) -> Case:
 
 
 CASES = [
-    case("tiny_kernels-default", [*cases.TINY, "kernels=default"]),
-    case("tiny_kernels-fast", [*cases.TINY, "kernels=fast"]),
+    case("tiny_kernels-default", [*baselines.TINY, "kernels=default"]),
+    case("tiny_kernels-fast", [*baselines.TINY, "kernels=fast"]),
     # 4 layers: the fewest that hold the 3 deepstack layers (preflight deepstack_on_first_stage)
-    case("30b-shape-l4_kernels-default", [*cases.L4_30B, "kernels=default"]),
-    case("30b-shape-l4_kernels-fast", [*cases.L4_30B, "kernels=fast"]),
+    case("30b-shape-l4_kernels-default", [*baselines.L4_30B, "kernels=default"]),
+    case("30b-shape-l4_kernels-fast", [*baselines.L4_30B, "kernels=fast"]),
     # Qwen3.5 (Gated DeltaNet 3:1 full attention): preflight refuses its packing until these pass
-    case("tiny-qwen35_kernels-default", [*cases.TINY_QWEN35, "kernels=default"]),
-    case("h2-shape-l4_kernels-default", [*cases.L4_35, "kernels=default"]),
-    case("h2-shape-l4_kernels-fast", [*cases.L4_35, "kernels=fast"]),
-    case("h2-shape-l2-gdn-attn_kernels-default", [*cases.L2_35, "kernels=default"]),
+    case("tiny-qwen35_kernels-default", [*baselines.TINY_QWEN35, "kernels=default"]),
+    case("h2-shape-l4_kernels-default", [*baselines.L4_35, "kernels=default"]),
+    case("h2-shape-l4_kernels-fast", [*baselines.L4_35, "kernels=fast"]),
+    case("h2-shape-l2-gdn-attn_kernels-default", [*baselines.L2_35, "kernels=default"]),
 ]
 
 
@@ -98,10 +97,10 @@ def run_cases(only: list[str] | None, results_path: Path, commit: str) -> int:
         if only and c.name not in only:
             continue
         name, run_dir = c.name, ROOT / "outputs" / "packing_equivalence" / c.name
-        run, res = cases.placed_resolved(c.overrides, output_dir=str(run_dir))
+        run, res = placed_resolved(c.overrides, output_dir=str(run_dir))
         preflight.enforce(run, res)
         prepare.prepare(run, res)
-        ranks = runner.start_ranks(run, res, c.module, log=run_dir / LOG)
+        ranks = runner.start_ranks(c, run, res, log=run_dir / LOG)
         rc = ranks.wait()
         if rc:
             print(ranks.log.read_text(errors="replace")[-4000:], flush=True)

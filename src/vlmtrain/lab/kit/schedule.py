@@ -1,42 +1,41 @@
-"""Repeated runs of one benchmark case on one machine run, and their summary row: the median and the min-max spread
-of each headline metric over the runs (never the best of them), so a claim carries its run-to-run spread.
+"""The schedule of repeated runs: the (case, run) pairs the cases still need on this machine run (vlmtrain.lab.kit.store
+says what one is), run under a time budget, and each case's summary row once its last run landed: the median and the
+min-max spread of each headline metric over the runs (never the best of them), so a claim carries its run-to-run
+spread.
 
-A run row is a results row with `machine_run` (vlmtrain.lab.kit.store.machine_run says what it is) and `run` (its
-number within the machine run); the case's summary row is `<case>_summary` with the same `machine_run` and `runs`.
-Runs already recorded for a machine run are not run again (`done`), so a case's repeats may be split over several
-invocations on one machine.
-
-The peer ratio `vs_bridge_recipe` of benchmarks H1 and H2 (vlmtrain.lab.cases defines them): vlmtrain's best
-median of the benchmark / Bridge's own recipe's median (useful tokens/s), written as its own row
-(`vs-bridge-recipe_<machine run>` for H1, `vs-bridge-recipe-h2_<machine run>` for H2) whenever a summary of either
-side lands and both exist for the machine run.
+A run row is a results row with `machine_run` and `run` (its number within the machine run); the case's summary row
+is `<case>_summary` with the same `machine_run`, `case` and `runs`. Runs already recorded for a machine run are not
+run again, so a case's repeats may be split over several invocations on one machine. `add_flags` declares the
+flags every experiment that repeats runs takes (--repeats, --budget-s, --machine-run).
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from vlmtrain.lab.kit import store
-from vlmtrain.observe import run_summary
+from vlmtrain.lab.kit import experiments, store
+from vlmtrain.lab.kit.case import Case
 
 KEYS = ("useful_tokens_per_s_per_gpu", "mfu", "step_s", "peak_mem_gib", "mfu_vit", "mfu_projector", "mfu_decoder")
 """What a summary row gives the median and min/max of (a key is left out unless every run has it)."""
 SUMMARY_SUFFIX = "_summary"
-H1_PREFIX = "h1_"
-"""Case names of benchmark H1: vlmtrain's cases and the Bridge recipe peer."""
-PEER_PREFIXES = (H1_PREFIX, "h2_")
-"""The benchmarks with a Bridge recipe peer (vlmtrain.lab.bridge_benchmarks): H1 and H2."""
-
-
-def bridge_case(prefix: str) -> str:
-    """The peer's case name of a benchmark: Bridge's own SFT recipe for its model (vlmtrain.lab.bridge_recipe)."""
-    return f"{prefix}bridge-recipe"
-
-
-BRIDGE_RECIPE = bridge_case(H1_PREFIX)
 USEFUL = "useful_tokens_per_s_per_gpu"
+
+
+def add_flags(ap: argparse.ArgumentParser, repeats: int | None, what: str = "case", tag: bool = True) -> None:
+    """--repeats (default `repeats`; None: the experiment's own), --budget-s and, unless the experiment declares its
+    own, --machine-run."""
+    ap.add_argument("--repeats", type=int, default=repeats, help=f"runs per {what} on this machine run, then a median "
+                    "row; runs the machine run already recorded are not run again")
+    ap.add_argument("--budget-s", type=float, default=None, help="start no run that would end after this many "
+                    "seconds (estimate: the slowest run so far), so a time-limited GPU session loses no half run")
+    if tag:
+        experiments.add_machine_run(ap)
 
 
 def runs(rows: list[dict[str, Any]], name: str, machine_run: str) -> list[dict[str, Any]]:
@@ -47,7 +46,49 @@ def runs(rows: list[dict[str, Any]], name: str, machine_run: str) -> list[dict[s
 
 def done(path: Path, name: str, machine_run: str) -> int:
     """How many runs of `name` this machine run has recorded in the results file."""
-    return len(runs(run_summary.read_jsonl(path), name, machine_run))
+    return len(runs(store.read(path), name, machine_run))
+
+
+def pending(cases: list[Case], repeats: int, have: Callable[[Case], int], tag: str,
+            machine_run: str) -> list[tuple[Case, int]]:
+    """(case, run number) still to run on this machine run: each case's runs from `have(case)` (those it recorded)
+    up to `repeats`. Runs alternate between cases (every case's run 1, then run 2, ...): drift on the machine run
+    touches each case alike, and a budget cut leaves every case with about as many runs."""
+    todo = []
+    for case in cases:
+        n = have(case)
+        if n:
+            print(f"[{tag}] {case.name}: {n} of {repeats} runs already recorded on {machine_run}", flush=True)
+        todo += [(case, i) for i in range(n, repeats)]
+    return sorted(todo, key=lambda t: t[1])
+
+
+def run(todo: list[tuple[Case, int]], measure: Callable[[Case, int], bool], *, repeats: int, tag: str,
+        machine_run: str, budget_s: float | None = None, first_s: float | None = None,
+        after_last: Callable[[Case], object] | None = None) -> set[str]:
+    """Each (case, run) of `todo` in order through `measure` (True: its row landed), then `after_last(case)` once a
+    case's run `repeats` landed (its summary row). A case that failed is not run again in this call; no run starts
+    that would end after `budget_s` (estimate: the slowest run so far; before the first, `first_s`, or none: the
+    first always starts). The names of the cases that failed."""
+    failed: set[str] = set()
+    t0, walls = time.monotonic(), []
+    for k, (case, i) in enumerate(todo):
+        if case.name in failed:
+            continue
+        estimate = max(walls, default=first_s)
+        if budget_s is not None and estimate is not None and time.monotonic() - t0 + estimate > budget_s:
+            print(f"[{tag}] budget: {budget_s:.0f} s would be exceeded; not started: "
+                  f"{', '.join(f'{c.name} run {j + 1}/{repeats}' for c, j in todo[k:])}", flush=True)
+            break
+        print(f"[{tag}] {case.name}" + (f" run {i + 1}/{repeats} ({machine_run})" if repeats > 1 else ""), flush=True)
+        started = time.monotonic()
+        ok = measure(case, i)
+        walls.append(time.monotonic() - started)
+        if not ok:
+            failed.add(case.name)
+        elif after_last is not None and i + 1 == repeats:
+            after_last(case)
+    return failed
 
 
 def spread(values: list[float], key: str) -> dict[str, float]:
@@ -64,21 +105,21 @@ def summary_metrics(run_rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def append_summary(path: Path, name: str, machine_run: str, command: str, **extra: Any) -> dict[str, Any] | None:
-    """The summary row of `name` on `machine_run` from its recorded runs (None when it has none), then the peer
-    ratio."""
-    mine = runs(run_summary.read_jsonl(path), name, machine_run)
+def summary(path: Path, name: str, machine_run: str, command: str,
+            then: Callable[[str], object] | None = None, **extra: Any) -> dict[str, Any] | None:
+    """The summary row of `name` on `machine_run` from its recorded runs (None when it has none), then `then(name)`
+    (a row derived from it: vlmtrain.lab.vs_bridge's peer ratio)."""
+    mine = runs(store.read(path), name, machine_run)
     if not mine:
         return None
     metrics = summary_metrics(mine)
     row = store.append(path, name + SUMMARY_SUFFIX, command, metrics, machine_run=machine_run, case=name,
-                         machine=mine[-1].get("machine", store.machine()), config=mine[-1].get("config"), **extra)
+                       machine=mine[-1].get("machine", store.machine()), config=mine[-1].get("config"), **extra)
     lo, hi = metrics[USEFUL + "_min"], metrics[USEFUL + "_max"]
     print(f"[repeats] {name} ({machine_run}, {metrics['runs']} runs): median {metrics[USEFUL]:.0f} useful "
           f"tokens/s/GPU ({lo:.0f}-{hi:.0f}), step {metrics['step_s']:.2f} s", flush=True)
-    for prefix in PEER_PREFIXES:
-        if name.startswith(prefix):
-            append_vs_bridge(path, machine_run, command, prefix)
+    if then is not None:
+        then(name)
     return row
 
 
@@ -86,48 +127,3 @@ def summaries(rows: list[dict[str, Any]], machine_run: str) -> dict[str, dict[st
     """The latest summary row of each case on `machine_run`, by case name."""
     return {r["case"]: r for r in rows if r["name"].endswith(SUMMARY_SUFFIX) and r.get("machine_run") == machine_run
             and "case" in r and USEFUL in r["metrics"]}
-
-
-def trains_every_tower(row: dict[str, Any]) -> bool:
-    """Whether a case's overrides leave every tower trainable, as the peer's recipe does (conf/vision: frozen*)."""
-    return not any(o.startswith("vision=frozen") for o in row.get("config") or [])
-
-
-def best_h1(rows: list[dict[str, Any]], machine_run: str,
-            prefix: str = H1_PREFIX) -> tuple[str, dict[str, Any]] | None:
-    """vlmtrain's best full-training case of a benchmark (H1 unless `prefix` says) on `machine_run` (highest median
-    useful tokens/s/GPU) and its summary row: what vs_bridge_recipe and the towers-vs-ceiling row describe
-    (frozen-tower cases are reported apart)."""
-    ours = {n: r for n, r in summaries(rows, machine_run).items()
-            if n.startswith(prefix) and n != bridge_case(prefix) and trains_every_tower(r)}
-    if not ours:
-        return None
-    best = max(ours, key=lambda n: ours[n]["metrics"][USEFUL])
-    return best, ours[best]
-
-
-def vs_bridge(rows: list[dict[str, Any]], machine_run: str, prefix: str = H1_PREFIX) -> dict[str, Any] | None:
-    """best_h1 (of the benchmark) over its Bridge recipe's median on one machine run, or None until both sides have a
-    summary there."""
-    peer, ours = summaries(rows, machine_run).get(bridge_case(prefix)), best_h1(rows, machine_run, prefix)
-    if peer is None or ours is None:
-        return None
-    best, a, b = ours[0], ours[1]["metrics"], peer["metrics"]
-    return {"vs_bridge_recipe": a[USEFUL] / b[USEFUL], "vlmtrain_case": best, f"vlmtrain_{USEFUL}": a[USEFUL],
-            f"bridge_recipe_{USEFUL}": b[USEFUL], "vlmtrain_runs": a["runs"], "bridge_recipe_runs": b["runs"],
-            "vs_bridge_recipe_mfu": a["mfu"] / b["mfu"] if a.get("mfu") and b.get("mfu") else None}
-
-
-def vs_bridge_name(prefix: str, machine_run: str) -> str:
-    """The ratio row's name: `vs-bridge-recipe_<machine run>` for H1 (as before H2), `vs-bridge-recipe-h2_...`."""
-    return f"vs-bridge-recipe_{machine_run}" if prefix == H1_PREFIX else \
-        f"vs-bridge-recipe-{prefix.rstrip('_')}_{machine_run}"
-
-
-def append_vs_bridge(path: Path, machine_run: str, command: str, prefix: str = H1_PREFIX) -> dict[str, Any] | None:
-    metrics = vs_bridge(run_summary.read_jsonl(path), machine_run, prefix)
-    if metrics is None:
-        return None
-    print(f"[repeats] vs_bridge_recipe ({machine_run}): {metrics['vs_bridge_recipe']:.2f} "
-          f"({metrics['vlmtrain_case']} / {bridge_case(prefix)}, medians)", flush=True)
-    return store.append(path, vs_bridge_name(prefix, machine_run), command, metrics, machine_run=machine_run)

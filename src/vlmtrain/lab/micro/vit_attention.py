@@ -29,11 +29,9 @@ import random
 import statistics
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from vlmtrain.lab.kit import experiments, store
-from vlmtrain.lab.kit.runner import ROOT
 
 HEADS, HEAD_DIM, VIT_LAYERS, MICRO_BATCHES = 16, 72, 27, 4
 """Qwen3-VL-30B-A3B's ViT, and H1's micro-batches per step (GBS 4 rows)."""
@@ -166,8 +164,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--repeats", type=experiments.at_least(3, "a median needs them"), default=5,
                     help="timed repeats per variant (median and min-max)")
     ap.add_argument("--iters", type=int, default=10, help="forward + backward calls per timed repeat")
-    ap.add_argument("--results", type=Path, default=ROOT / "results"
-                    / "vit_attention_h200.jsonl")
+    experiments.add_results(ap, "vit_attention_h200.jsonl")
     ap.add_argument("--list", action="store_true", help="print the shapes and exit (CPU)")
 
 

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from vlmtrain.config.compose import CONF_DIR
-from vlmtrain.lab.cases import placed_resolved
 from vlmtrain.lab.kit import experiments, store
+from vlmtrain.lab.kit.case import placed_resolved
 
 PAUSED = 3
 """Exit status of an invocation that hit --max-wall-min: run the same command again to resume."""
@@ -174,7 +174,7 @@ def add_arguments(tune: argparse.ArgumentParser) -> None:
     tune.add_argument("--cache-dir", type=Path, help="data.cache_dir of every trial: the data scan, processor, bins "
                       "and compiled kernels, shared by the trials and kept with the search (default: <tune dir>/cache;"
                       " a base data.cache_dir=... wins)")
-    tune.add_argument("--results", type=Path, help="append the search's row (winner, gpu_min, tune_vs_hand) here")
+    experiments.add_results(tune, None, "none: the search writes its row only where --results names a file")
     tune.add_argument("--plan", action="store_true", help="prune the first stage's candidates and stop (no GPU)")
 
 

@@ -14,14 +14,13 @@ estimate, which reads the capacity, included): a candidate with an error finding
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import itertools
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from vlmtrain.lab.cases import Case, placed_resolved
+from vlmtrain.lab.kit.case import Case, placed_resolved
 from vlmtrain.lab.kit.spec import Spec, Stage
 
 if TYPE_CHECKING:
@@ -80,9 +79,10 @@ class Around:
 
 @dataclass
 class Candidate:
-    """A stage's case (the knobs' overrides and values; a packed one's GBS in rows once pruned) and its pruning."""
+    """A stage's case (a packed one's GBS in rows once pruned), the knob values it was made from, and its pruning."""
 
     case: Case
+    values: dict[str, Any]
     grid: int = 0
     """Which of the stage's grids it comes from (a ladder climbs per grid)."""
     findings: list[str] = field(default_factory=list)
@@ -116,8 +116,8 @@ def candidates(spec: Spec, parents: list[dict[str, Any]], grids: list[dict[str, 
         for i, grid in enumerate(grids):
             varied = {k: v.values(parent.get(k)) if isinstance(v, Around) else v for k, v in grid.items()}
             for combo in itertools.product(*varied.values()):
-                case = spec.case({**parent, **dict(zip(varied, combo, strict=True))})
-                seen.setdefault(case.name, Candidate(case, i))
+                values = spec.values({**parent, **dict(zip(varied, combo, strict=True))})
+                seen.setdefault(spec.name_of(values), Candidate(spec.case(values), values, i))
     return list(seen.values())
 
 
@@ -173,9 +173,8 @@ def prune(spec: Spec, cands: list[Candidate], node_gpus: int) -> list[Candidate]
     """Size packed candidates' GBS in rows, then mark the candidates preflight refuses (pruned, with the findings
     that say why); returns all of them."""
     for c in cands:
-        rows = packed_rows(spec, [*spec.base, *c.case.overrides], node_gpus)
-        c.case = dataclasses.replace(c.case, overrides=[*c.case.overrides, *rows])
-        c.findings = check([*spec.base, *c.case.overrides], node_gpus)
+        c.case = c.case.plus(*packed_rows(spec, c.case.overrides, node_gpus))
+        c.findings = check(c.case.overrides, node_gpus)
         c.pruned = any(f.startswith("[error]") for f in c.findings)
     return cands
 
