@@ -66,9 +66,8 @@ def test_the_schedule_alternates_and_skips_recorded_runs(tmp_path: Path) -> None
                           after_last=lambda c: summarized.append(schedule.summary(path, c.name, "m", "cmd")))
     assert failed == {"b"} and ran == [("b", 0), ("a", 1), ("b", 1), ("a", 2)]  # b's run 2 not started
     (row,) = summarized
-    assert row["name"] == "a_summary" and row["metrics"]["runs"] == 3 and row["metrics"]["useful_tokens_per_s_per_gpu"] \
-        == 11.0 and (row["metrics"]["useful_tokens_per_s_per_gpu_min"], row["metrics"]["useful_tokens_per_s_per_gpu_max"]) \
-        == (10.0, 12.0)
+    m, u = row["metrics"], schedule.USEFUL
+    assert row["name"] == "a_summary" and (m["runs"], m[u], m[u + "_min"], m[u + "_max"]) == (3, 11.0, 10.0, 12.0)
 
 
 def test_no_run_starts_past_the_budget() -> None:
