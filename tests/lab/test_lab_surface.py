@@ -168,3 +168,22 @@ def test_a_row_records_the_command_as_typed() -> None:
         "vlmtrain lab profile-step --step 5"
     assert experiments.command("vlmtrain.lab.checks.verification") == "vlmtrain lab verification"
     assert experiments.command("vlmtrain.lab.sweep") == "vlmtrain sweep"
+
+
+def test_the_documented_experiment_is_one() -> None:
+    """docs/benchmarks.md's "Adding an experiment" module imports from the kit alone, and its command line parses
+    the flags experiments share."""
+    import argparse
+    import re
+
+    doc = (ROOT / "docs" / "benchmarks.md").read_text().split("## Adding an experiment", 1)[1]
+    source = re.search(r"```python\n(.*?)```", doc, re.S).group(1)
+    assert {n.module for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ImportFrom)} <= {
+        "vlmtrain.lab.kit", "vlmtrain.lab.kit.baselines", "vlmtrain.lab.kit.case"}
+    module: dict[str, object] = {}
+    exec(compile(source, "docs/benchmarks.md", "exec"), module)  # noqa: S102 - the documented module, as written
+    ap = argparse.ArgumentParser()
+    module["add_arguments"](ap)  # type: ignore[operator]
+    args = ap.parse_args(["--repeats", "2", "--machine-run", "node7", "--budget-s", "60"])
+    assert (args.repeats, args.machine_run, args.budget_s, args.results.name) == (2, "node7", 60.0, "my_check.jsonl")
+    assert callable(module["run"]) and all(type(c).__name__ == "Case" for c in module["CASES"])  # type: ignore[union-attr]
