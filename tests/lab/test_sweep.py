@@ -257,7 +257,7 @@ def test_report_states_every_claim_from_the_results_file(tmp_path: Path) -> None
     noted = [r for n, r in sweep_report.latest_rows(MEASURED).items() if n.startswith("overhead_") and r.get("note")]
     assert noted and all(f"({r['note']})" in md for r in noted)
     # frozen-vision rows stand in their own table, never ranked among full-training rows
-    full, frozen = md.split("## Frozen vision")[0], md.split("## Frozen vision")[1].split("## The seed")[0]
+    full, frozen = md.split("## Frozen vision")[0], md.split("## Frozen vision")[1].split("## The spec")[0]
     assert "_frozen_" not in full and "_trainable_" not in frozen
     assert frozen.count("_frozen_") == sum("_frozen_" in n for n in sweep_report.latest_rows(MEASURED)) > 0
     rows = [r for r in sweep_report.latest_rows(MEASURED).values() if r["name"] != B.name]

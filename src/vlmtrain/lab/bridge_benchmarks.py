@@ -48,7 +48,7 @@ class Benchmark:
 COMMON_CHANGES = {
     "train.train_iters": f"-> {ITERATIONS} (benchmark length: run_summary.SKIP warm-up steps + 5 counted)",
     "model (provider)": "AutoBridge.from_hf_pretrained(<hub id>) -> AutoBridge.from_hf_config(the same published "
-                        "config, built offline by vlmtrain.config.groups.model.hf_config): no hub on the GPU machine; "
+                        "config, built offline by vlmtrain.config.groups.model.hf_config): no hub access; "
                         "load_weights=False as in the recipe, no pretrained checkpoint",
     "dataset.source": "cord_v2 from the hub -> vlmtrain's data=realistic JSONL (the checked copy), same "
                       "DirectHFSFTDatasetConfig, preprocessing and collate",
@@ -60,7 +60,7 @@ COMMON_CHANGES = {
                             "benchmark, and a later run must not resume an earlier one)",
     "logger.tensorboard_dir": "nemo_experiments/default/tb_logs -> <run dir>/tb_logs",
     "model.gradient_accumulation_fusion": "true -> false (forced by this stack: without APEX the ViT merger's "
-                                          "non-TE ColumnParallelLinear fails; STACK.md)",
+                                          "non-TE ColumnParallelLinear fails)",
 }
 
 RANK = "vlmtrain.lab.bridge_recipe_rank"

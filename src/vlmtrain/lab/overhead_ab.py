@@ -11,8 +11,8 @@ pretrain() on the IDENTICAL ConfigContainer (vlmtrain.lab.overhead: the measurem
 Post-warm-up steps of all pairs are pooled: medians, the median of per-step ratios (both sides train the same
 samples in the same order) and an interval over pairs. Pairs alternate their order (a b, b a, ...) so that a drift
 over the session does not land on one side. Rows `overhead_<case>` go to the spec's results file, one per pair as it
-ends and a pooled one; with the spec's iterations, pair 0's (a) run is also recorded as the case's own row. A
-10-minute command holds two pairs of the best case, so --pool joins the rows of several invocations on one machine.
+ends and a pooled one; with the spec's iterations, pair 0's (a) run is also recorded as the case's own row. A GPU
+job too short for all its pairs runs some, and --pool joins the rows of several invocations on one machine.
 """
 
 from __future__ import annotations

@@ -76,7 +76,7 @@ def _claims(spec: Spec, rows: list[dict[str, Any]], latest: dict[str, dict[str, 
             ok: dict[str, dict[str, Any]]) -> list[str]:
     # first_loss: step 1 sees the same samples from the same initialization in every case of one vision/data
     # setting, so A and B agreeing says both trained the same model on the same tokens
-    lines = ["", "## The seed's claims at this scale", "",
+    lines = ["", "## The spec's claims at this scale", "",
              "| claim | useful tok/s/GPU A/B | step_s A/B | first_loss A, B | A/B per repeat |",
              "|---|---|---|---|---|"]
     for what, a, b in claims(spec):

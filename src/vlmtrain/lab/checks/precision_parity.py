@@ -6,7 +6,7 @@
 
 Every run is `python train.py` on the 30B-A3B layer shapes at 4 decoder layers, real images (data=realistic), MBS 1, GBS
 1, the same seed and data order for every recipe, one run after another. Run dirs go under outputs/precision/<machine
-run>/<mode>/<recipe>-<i> (case.json: rc, command, the GPU machine and the machine run,
+run>/<mode>/<recipe>-<i> (case.json: rc, command, the machine and the machine run,
 vlmtrain.lab.kit.store.machine_run), through vlmtrain.lab.kit.schedule: `--repeats N` runs of each recipe per mode and
 machine run, those already in the run dirs not run again; `summarize` (on any machine) appends to
 results/precision_h200.jsonl one row per run and one summary row per recipe and machine run: the median of its speed

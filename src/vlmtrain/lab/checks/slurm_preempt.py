@@ -1,8 +1,7 @@
 """Preemption under Slurm: a real training job through `python train.py -m hydra/launcher=slurm` on a real Slurm
-with the real GPU as gres (scripts/device/slurm_start.sh), preempted mid-run and resumed; this module's command
-appends the row to results/reliability.jsonl, tests/gpu/test_slurm_preempt_gpu.py asserts the same.
+with the real GPU as gres (a one-node Slurm on this node, partition debug), preempted mid-run and resumed; this
+module's command appends the row to results/reliability.jsonl, tests/gpu/test_slurm_preempt_gpu.py asserts the same.
 
-    bash scripts/device/slurm_start.sh && export PATH=/tmp/slurm-root/bin:$PATH
     vlmtrain lab slurm-preempt --case tiny            # the plumbing, ~2 min
     vlmtrain lab slurm-preempt --case 30b --only reference   # then, in the next call:
     vlmtrain lab slurm-preempt --case 30b --only preempt
@@ -133,11 +132,11 @@ def _sh(*cmd: str) -> str:
 def slurm_problem() -> str | None:
     """Why the local Slurm cannot take the job (None: it can): its commands, an idle node, a GPU as gres."""
     if shutil.which("sbatch") is None:
-        return ("no Slurm commands on PATH: bash scripts/device/slurm_start.sh, then "
-                "export PATH=/tmp/slurm-root/bin:$PATH")
+        return ("no Slurm commands on PATH: start a one-node Slurm on this node (partition debug, the GPU as gres) "
+                "and put its bin/ on PATH")
     state = _sh("sinfo", "-h", "-n", "localhost", "-o", "%T").strip()
     if state != "idle":
-        return f"Slurm node localhost is {state or 'absent'!r}, not idle (bash scripts/device/slurm_start.sh)"
+        return f"Slurm node localhost is {state or 'absent'!r}, not idle: start or resume it (scontrol, slurmd)"
     gres = _sh("sinfo", "-h", "-n", "localhost", "-o", "%G").strip()
     if not re.search(r"gpu:[1-9]", gres):
         return f"the Slurm node has no GPU gres ({gres!r}): start it with GPUS=1"
@@ -149,7 +148,7 @@ def slurm_version() -> str:
 
 
 def diagnostics(sweep: Path, job_id: str | None) -> str:
-    """What Slurm and the job's logs say: printed on every failure (no interactive debugging on the GPU machine)."""
+    """What Slurm and the job's logs say: printed on every failure (a GPU job is seldom debugged interactively)."""
     parts = [_sh("sinfo", "-N", "-l"), _sh("squeue", "-a")]
     if job_id:
         parts.append(_sh("scontrol", "show", "job", job_id))

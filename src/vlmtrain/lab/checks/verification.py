@@ -57,7 +57,7 @@ FAMILIES = ("qwen3_vl", "qwen35_vl")
 CHECKS = ("parity_import", "resume", "export", "reload", "frozen", "parity_trained", "export_fsdp", "reload_fsdp",
           "frozen_fsdp")
 """`--checks` runs a subset in a fresh work dir, with the runs it rests on (Qwen3.5's whole family, kernels compiled
-on first use, takes about 12 minutes on an H100: split it where a GPU run has a 10-minute limit)."""
+on first use, takes about 12 minutes on an H100: split it over shorter GPU jobs)."""
 TIMEOUT_S = 600
 
 

@@ -30,7 +30,7 @@ EXPERIMENTS = {
     "cases": ("vlmtrain.lab.cases", "named train.py cases, one results row each (the gpu_training suite)"),
     "sweep": ("vlmtrain.lab.sweep", "a spec's named sweeps of cases, one results row each; its report"),
     "overhead": ("vlmtrain.lab.overhead_ab", "vlmtrain vs Bridge's pretrain() alone on a spec's case, in A/B pairs"),
-    "tune": ("vlmtrain.lab.tune.command", "search the guidance's knobs for this model and world; write the best as a "
+    "tune": ("vlmtrain.lab.tune.command", "search the knobs that matter for this model and world; write the best as a "
                                           "preset"),
     "bridge-recipe": ("vlmtrain.lab.bridge_recipe", "Megatron Bridge's own recipe of a benchmark, the peer, and "
                                                     "vlmtrain's ratio to it"),

@@ -4,7 +4,7 @@ Layouts (`layout: fsdp`, `dp` or `3d` in a stage's `vary`, alone or in a list) a
 divide: `dp` is data parallelism alone (Megatron's DDP with the distributed optimizer, every model-parallel degree 1:
 `3d-ep1`, so the 3D stage does not run it again), the layout with nothing to tune beside FSDP's; EP divides the
 experts and the ranks of a stage, TP the GPUs of a node, PP the decoder layers, VPP a stage's layers; ETP only at
-ETP = TP, and preflight's `etp_while_ep_fits` then refuses it where EP alone is enough (the guidance: ETP only when
+ETP = TP, and preflight's `etp_while_ep_fits` then refuses it where EP alone is enough (ETP only when
 EP is not enough). A knob's `{around: [d, ...]}` is the parent's value plus each d (the capacity's finer steps near
 the memory limit, once the stages before have changed what a row costs); a parent whose value is not a number gets
 none. A packed candidate (data.packing=<capacity>, MBS 1) trains GBS in rows (`packed_rows`). Each
