@@ -1,13 +1,16 @@
-"""Shared fixtures, built once per worker for every module that reads them: compose the shipped configs exactly as
-train.py does (Hydra's compose API), the Bridge import, a data cache, the tiny HF checkpoints, train.py's dry run in
-process. And how many workers `-n auto` (pyproject's addopts) starts."""
+"""Shared fixtures, built once for every module that reads them: compose the shipped configs exactly as train.py does
+(Hydra's compose API), the Bridge import and a data cache (once per worker: an import, and a cache that holds one
+realistic dataset at a time), the tiny HF checkpoints (once per session: the workers share a folder), train.py's dry
+run in process. And how many workers `-n auto` (pyproject's addopts) starts."""
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import io
 import os
-from collections.abc import Callable
+import shutil
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -58,17 +61,40 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder every xdist worker of this session shares (the session's base temp dir; the worker's own without
+    xdist): what is built there is built once, under `once`'s lock."""
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    (root / "shared").mkdir(exist_ok=True)
+    return root / "shared"
+
+
+@contextlib.contextmanager
+def once(path: Path) -> Iterator[bool]:
+    """Holds `path`'s lock; yields whether `path` still needs building (another worker may have built it)."""
+    with path.with_name(path.name + ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield not path.exists()
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(shared: Path) -> Callable[[str], Path]:
     """tiny_checkpoint(family) -> a 4-layer HF checkpoint of qwen3_vl or qwen35_vl (lab.checks.tiny_hf), built once
-    for every test that reads one; a test that changes one works on its own copy."""
+    per session for every test that reads one; a test that changes one works on its own copy."""
     from vlmtrain.lab.checks import tiny_hf
 
-    built: dict[str, Path] = {}
-
     def _checkpoint(family: str) -> Path:
-        if family not in built:
-            built[family] = tiny_hf.build(family, tmp_path_factory.mktemp(family) / "ckpt", num_layers=4)
-        return built[family]
+        ckpt = shared / f"tiny_{family}"
+        with once(ckpt) as missing:
+            if missing:  # built beside, then moved into place: a checkpoint that exists is whole
+                partial = shared / f".{family}.partial"
+                shutil.rmtree(partial, ignore_errors=True)
+                tiny_hf.build(family, partial, num_layers=4).rename(ckpt)
+        return ckpt
 
     return _checkpoint
 

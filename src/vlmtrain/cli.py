@@ -165,7 +165,7 @@ def parser() -> argparse.ArgumentParser:
                      "<value> ...] exports on the run's own world through Slurm (else on this node's GPUs, resharded "
                      "where the run had more); anywhere on the line")
     hfx.set_defaults(func=_export)
-    from vlmtrain.lab import experiments  # the experiments' argparse definitions: no torch, no Bridge
+    from vlmtrain.lab.kit import experiments  # the experiments' argparse definitions: no torch, no Bridge
 
     experiments.add_parsers(sub)
     return ap

@@ -13,6 +13,7 @@ import pytest
 
 from vlmtrain.config.world import local_gpus
 from vlmtrain.lab.checks import acceptance
+from vlmtrain.lab.kit import runner
 
 pytestmark = pytest.mark.gpu
 
@@ -22,7 +23,7 @@ def problems(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
     if local_gpus() < 1:
         pytest.skip("needs a GPU")
     out = tmp_path_factory.mktemp("acceptance")
-    results_path = Path(os.environ.get("VLMTRAIN_ACCEPTANCE_RESULTS", acceptance.ROOT / "results/gpu_acceptance.jsonl"))
+    results_path = Path(os.environ.get("VLMTRAIN_ACCEPTANCE_RESULTS", runner.ROOT / "results/gpu_acceptance.jsonl"))
     return acceptance.run_cases(acceptance.CASES, out, results_path, out / "inputs",
                           os.environ.get("VLMTRAIN_COMMIT", "unknown"))
 

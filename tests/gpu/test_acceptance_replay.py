@@ -12,15 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from vlmtrain.lab.cases import Case
 from vlmtrain.lab.checks import acceptance
+from vlmtrain.lab.checks.acceptance import Expected
+from vlmtrain.lab.kit.runner import ROOT
 
-FIXTURES = acceptance.ROOT / "tests" / "fixtures"
+FIXTURES = ROOT / "tests" / "fixtures"
 RECORDED = FIXTURES / "gpu_acceptance"
 CASES = {c.name: c for c in acceptance.CASES}
 
 
-def _outcome(case: Case, run_dir: Path) -> dict:
+def _outcome(case: Expected, run_dir: Path) -> dict:
     """The outcome at the exit status the suite recorded for this case (its row, kept as the run dir's case.json)."""
     return acceptance.outcome(case, acceptance.recorded_rc(RECORDED / case.name), run_dir, 0.0)
 

@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from vlmtrain.lab import cases
 from vlmtrain.lab.checks.resume import losses
+from vlmtrain.lab.kit import runner
+from vlmtrain.lab.kit.baselines import TINY, steps
+from vlmtrain.lab.kit.case import Case
 from vlmtrain.train import bridge_patches
 
 pytestmark = pytest.mark.gpu
@@ -71,9 +73,9 @@ def tiny_curves(tmp_path: Path, replacement: str, off: list[str], on: list[str],
     code `replacement` is in the on-run's list of replaced code only. Both curves hold steps 0-3."""
     curves = []
     for label, extra in (("off", off), ("on", on)):
-        case = cases.Case(f"tiny_{replacement}-{label}", 1, [*cases.TINY, *cases.steps(4, 4), "kernels=fast", *base,
-                                                            *extra])
-        run = cases.start(case, tmp_path / label)
+        case = Case(f"tiny_{replacement}-{label}", 1, [*TINY, *steps(4, 4), "kernels=fast", *base, *extra],
+                    dry_run=False)
+        run = runner.start(case, tmp_path / label, fresh=True)
         assert run.wait() == 0, run.log.read_text()[-6000:]
         assert (replacement in (tmp_path / label / "ranks.log").read_text()) == (label == "on")  # replaced code
         curves.append(losses(tmp_path / label))

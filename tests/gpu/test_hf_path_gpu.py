@@ -9,8 +9,10 @@ import json
 import pytest
 
 from vlmtrain.config.world import local_gpus
-from vlmtrain.lab import cases, runner
 from vlmtrain.lab.checks import tiny_hf
+from vlmtrain.lab.kit import runner
+from vlmtrain.lab.kit.baselines import steps
+from vlmtrain.lab.kit.case import Case
 
 pytestmark = pytest.mark.gpu
 
@@ -31,8 +33,9 @@ def test_hf_weights_load_before_step_1(family, layout, tmp_path):
         pytest.skip(f"needs {gpus} GPU(s)")
     ckpt = tiny_hf.build(family, tmp_path / "ckpt")
     run_dir = tmp_path / "run"
-    run = runner.start([f"model={OPTION[family]}", f"model.hf_path={ckpt}", *cases.steps(2), *overrides], run_dir,
-                       gpus=list(range(gpus)), fresh=True)
+    case = Case(f"hf_{family}_{layout}", None, [f"model={OPTION[family]}", f"model.hf_path={ckpt}", *steps(2),
+                                                 *overrides])
+    run = runner.start(case, run_dir, gpus=list(range(gpus)), fresh=True)
     assert run.wait() == 0, run.log.read_text()[-6000:]
     checks = json.loads((run_dir / "checks.json").read_text())
     assert checks["hf_embedding_max_diff"] == 0.0
@@ -43,7 +46,8 @@ def test_an_fp32_checkpoint_trains_in_bf16(family, tmp_path):
     """A float32 checkpoint loads into the BF16 model rounded: the step-0 check compares at the model's dtype."""
     ckpt = tiny_hf.build(family, tmp_path / "ckpt", dtype="float32")
     run_dir = tmp_path / "run"
-    run = runner.start([f"model={OPTION[family]}", f"model.hf_path={ckpt}", *cases.steps(2), "parallelism=3d"],
-                       run_dir, gpus=[0], fresh=True)
+    case = Case(f"hf_{family}_fp32", None, [f"model={OPTION[family]}", f"model.hf_path={ckpt}", *steps(2),
+                                             "parallelism=3d"])
+    run = runner.start(case, run_dir, gpus=[0], fresh=True)
     assert run.wait() == 0, run.log.read_text()[-6000:]
     assert json.loads((run_dir / "checks.json").read_text())["hf_embedding_max_diff"] == 0.0

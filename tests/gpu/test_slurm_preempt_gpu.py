@@ -22,11 +22,11 @@ def test_preempted_job_resumes_with_the_same_losses(tmp_path):
         pytest.skip("needs a GPU")
     if problem := sp.slurm_problem():
         pytest.skip(problem)
-    case = sp.CASES[os.environ.get("VLMTRAIN_SLURM_CASE", "tiny")]
+    p = sp.CASES[os.environ.get("VLMTRAIN_SLURM_CASE", "tiny")]
     ckpt = tmp_path / "ckpt"
-    sp.check_disk(case, ckpt)
-    rc, ref = sp.run_reference(case, tmp_path, timeout_s=540)
+    sp.check_disk(p.case, ckpt)
+    rc, ref = sp.run_reference(p.case, tmp_path, timeout_s=540)
     assert rc == 0, (ref / "console.txt").read_text()[-4000:]
-    result = sp.run_preempted(case, tmp_path, ckpt, timeout_s=540)
-    ok, metrics = sp.evaluate(case, ref, result, ckpt)
+    result = sp.run_preempted(p, tmp_path, ckpt, timeout_s=540)
+    ok, metrics = sp.evaluate(p, ref, result, ckpt)
     assert ok, f"{metrics}\n{sp.diagnostics(result['sweep'], result['job_id'])}"

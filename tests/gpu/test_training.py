@@ -1,6 +1,6 @@
 """Real training through train.py on GPUs (Bridge's loop, TE, real images): run with `pytest -m gpu`.
 
-Each case of the gpu_training suite (vlmtrain.lab.cases; vlmtrain.lab.cases runs it too) trains a
+Each case of the gpu_training suite (vlmtrain.lab.cases, which runs it too) trains a
 few steps; the test asserts what the run itself recorded: the loss fell, and checks.json shows the requested
 setting took effect.
 """
@@ -13,6 +13,7 @@ import pytest
 
 from vlmtrain.config.world import local_gpus
 from vlmtrain.lab import cases as run_cases
+from vlmtrain.lab.kit import runner
 from vlmtrain.observe import run_summary
 
 CASES = run_cases.SUITES["gpu_training"]
@@ -24,7 +25,7 @@ pytestmark = pytest.mark.gpu
 def test_case_trains(case, tmp_path):
     if local_gpus() < case.gpus:
         pytest.skip(f"needs {case.gpus} GPU(s)")
-    run = run_cases.start(case, tmp_path)
+    run = runner.start(case, tmp_path, fresh=True)
     assert run.wait() == 0, run.log.read_text()[-6000:]
     summary = run_summary.summarize(tmp_path)
     assert summary["last_loss"] < summary["first_loss"]

@@ -13,17 +13,18 @@ import math
 import pytest
 
 from vlmtrain.config.world import local_gpus
-from vlmtrain.lab import cases as run_cases
+from vlmtrain.lab.kit import runner
+from vlmtrain.lab.kit.baselines import TINY, steps
+from vlmtrain.lab.kit.case import Case
 from vlmtrain.observe import run_summary
 
 pytestmark = pytest.mark.gpu
 
 HELD_OUT = ["data.validation_fraction=0.5", "train.eval_interval=4", "train.eval_iters=2"]
 CASES = [
-    run_cases.Case("tiny_validation_1gpu", 1, [*run_cases.TINY, *run_cases.steps(10), *HELD_OUT]),
+    Case("tiny_validation_1gpu", 1, [*TINY, *steps(10), *HELD_OUT], dry_run=False),
     # the 8 held-out photos make 5 rows of <= 1024 tokens (the data stage's bins, on CPU): batches of 4 rows
-    run_cases.Case("tiny_validation_packed_1gpu", 1, [*run_cases.TINY, *run_cases.steps(10, 4), *HELD_OUT,
-                                                      "data.packing=1024"]),
+    Case("tiny_validation_packed_1gpu", 1, [*TINY, *steps(10, 4), *HELD_OUT, "data.packing=1024"], dry_run=False),
 ]
 
 
@@ -31,7 +32,7 @@ CASES = [
 def test_validation_loss_on_the_evaluated_steps(case, tmp_path):
     if local_gpus() < case.gpus:
         pytest.skip(f"needs {case.gpus} GPU(s)")
-    run = run_cases.start(case, tmp_path)
+    run = runner.start(case, tmp_path, fresh=True)
     assert run.wait() == 0, run.log.read_text()[-6000:]
     rows = run_summary.read_jsonl(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(10))

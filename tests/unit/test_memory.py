@@ -22,7 +22,7 @@ FIXTURES = ROOT / "tests" / "fixtures"
 GPU_CASES = FIXTURES / "gpu_cases"
 SHAPE_30B = ["model=qwen3_vl_30b_a3b", "model.num_layers=4", "data=realistic", "train.global_batch_size=8"]
 # The one fixture without a case.json (its first attempt failed the CUDA-graph check after training; only its
-# re-run has a row); overrides as vlmtrain.lab.cases built them.
+# re-run has a row); overrides as the gpu_training suite (vlmtrain.lab.cases) built them.
 GRAPH_CASE = ["model=tiny", "train.global_batch_size=8", "parallelism=3d", "cuda_graph=moe_router_preprocess",
               "gpus_per_node=1"]
 

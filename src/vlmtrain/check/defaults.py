@@ -268,7 +268,7 @@ def _layout(run: RunConfig) -> list[Auto]:
                      "one H200 with Qwen3-VL-30B-A3B's shapes at 4 layers (results/tune_h200/report.md, layout "
                      "stage)")]
     run.parallelism.kind = ParKind.fsdp
-    return [Auto("parallelism", "fsdp", "more than one GPU: Megatron-FSDP, the guidance's first layout "
+    return [Auto("parallelism", "fsdp", "more than one GPU: Megatron-FSDP, a new run's first layout "
                  "(docs/design.md, FSDP first); parallelism=3d is one override away")]
 
 

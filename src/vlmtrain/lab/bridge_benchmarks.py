@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from vlmtrain.lab.cases import Case
+from vlmtrain.lab.kit.case import Case
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
@@ -48,7 +48,7 @@ class Benchmark:
 COMMON_CHANGES = {
     "train.train_iters": f"-> {ITERATIONS} (benchmark length: run_summary.SKIP warm-up steps + 5 counted)",
     "model (provider)": "AutoBridge.from_hf_pretrained(<hub id>) -> AutoBridge.from_hf_config(the same published "
-                        "config, built offline by vlmtrain.config.groups.model.hf_config): no hub on the GPU machine; "
+                        "config, built offline by vlmtrain.config.groups.model.hf_config): no hub access; "
                         "load_weights=False as in the recipe, no pretrained checkpoint",
     "dataset.source": "cord_v2 from the hub -> vlmtrain's data=realistic JSONL (the checked copy), same "
                       "DirectHFSFTDatasetConfig, preprocessing and collate",
@@ -60,7 +60,7 @@ COMMON_CHANGES = {
                             "benchmark, and a later run must not resume an earlier one)",
     "logger.tensorboard_dir": "nemo_experiments/default/tb_logs -> <run dir>/tb_logs",
     "model.gradient_accumulation_fusion": "true -> false (forced by this stack: without APEX the ViT merger's "
-                                          "non-TE ColumnParallelLinear fails; STACK.md)",
+                                          "non-TE ColumnParallelLinear fails)",
 }
 
 RANK = "vlmtrain.lab.bridge_recipe_rank"
@@ -68,16 +68,15 @@ RANK = "vlmtrain.lab.bridge_recipe_rank"
 
 
 def peer(name: str, overrides: list[str]) -> Case:
-    """A benchmark's peer run: one GPU, its rank RANK."""
+    """A benchmark's peer run: one GPU (its command line adds gpus_per_node=1), its rank RANK."""
     return Case(f"{name}_bridge-recipe", 1, overrides, module=RANK)
 
 
 H1 = Benchmark(
     "h1", "megatron.bridge.recipes.qwen_vl.h100.qwen3_vl.qwen3_vl_30b_a3b_sft_8gpu_h100_bf16_config",
     peer("h1", ["model=qwen3_vl_30b_a3b", f"model.num_layers={LAYERS}", "data=realistic", "hardware=h200",
-                "train.seq_length=4096", "gpus_per_node=1", "parallelism=3d", "parallelism.ep=1",
-                "train.micro_batch_size=2", "train.global_batch_size=32", "dispatcher=alltoall", "vision=trainable",
-                "wandb.enabled=false"]),
+                "train.seq_length=4096", "parallelism=3d", "parallelism.ep=1", "train.micro_batch_size=2",
+                "train.global_batch_size=32", "dispatcher=alltoall", "vision=trainable"]),
     hub_layers=48, ep=8, changes=())
 """H1's peer: Qwen3-VL-30B-A3B's recipe (every tower trainable, MBS 2, GBS 32, alltoall, in-batch packing deferred to
 its step)."""
@@ -85,9 +84,8 @@ its step)."""
 H2 = Benchmark(
     "h2", "megatron.bridge.recipes.qwen_vl.h100.qwen35_vl.qwen35_vl_35b_a3b_sft_2gpu_h100_bf16_fsdp_config",
     peer("h2", ["model=qwen35_vl_35b_a3b", f"model.num_layers={LAYERS}", "data=realistic", "hardware=h200",
-                "train.seq_length=4096", "gpus_per_node=1", "parallelism=fsdp", "parallelism.ep=1",
-                "train.micro_batch_size=4", "train.global_batch_size=32", "dispatcher=alltoall", "vision=trainable",
-                "wandb.enabled=false"]),
+                "train.seq_length=4096", "parallelism=fsdp", "parallelism.ep=1", "train.micro_batch_size=4",
+                "train.global_batch_size=32", "dispatcher=alltoall", "vision=trainable"]),
     hub_layers=40, ep=2,
     changes=(("model.mtp_num_layers", "1 -> none (benchmark H2 is the 4 decoder layers: vlmtrain's model and FLOP "
                                       "count have no MTP layer, so both sides do the same work)"),))

@@ -1,7 +1,7 @@
-"""The peer of benchmarks H1 and H2 (vlmtrain.lab.cases defines them): Megatron Bridge's own full-training recipe
-for the benchmark's model (vlmtrain.lab.bridge_benchmarks: the recipe, vlmtrain's description, the changes), run through
-Bridge's own pretrain() and Bridge's Qwen-VL forward step (`qwen3_vl_step`, the step that does the recipes' deferred
-in-batch packing): what a Bridge user runs without vlmtrain, changed only where one GPU, the benchmark and this
+"""The peer of benchmarks H1 and H2 (vlmtrain.lab.kit.baselines defines them): Megatron Bridge's own full-training
+recipe for the benchmark's model (vlmtrain.lab.bridge_benchmarks: the recipe, vlmtrain's description, the changes), run
+through Bridge's own pretrain() and Bridge's Qwen-VL forward step (`qwen3_vl_step`, the step that does the recipes'
+deferred in-batch packing): what a Bridge user runs without vlmtrain, changed only where one GPU, the benchmark and this
 offline machine force it. Every change is in the benchmark's `all_changes()` and in each row's `changes`.
 
 Useful tokens are counted as vlmtrain counts them (vlmtrain.train.step_counters: the non-pad tokens of every
@@ -17,15 +17,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vlmtrain.lab import experiments, repeats, runner, store
+from vlmtrain.lab import vs_bridge
 from vlmtrain.lab.bridge_benchmarks import BENCHMARKS, ITERATIONS, LAYERS, Benchmark
-from vlmtrain.lab.cases import placed_resolved
-from vlmtrain.lab.runner import ROOT
+from vlmtrain.lab.kit import experiments, runner, schedule, store
+from vlmtrain.lab.kit.case import placed_resolved
 from vlmtrain.observe import run_summary
 
 if TYPE_CHECKING:
@@ -44,7 +43,7 @@ ENTRY = experiments.command(__name__)
 def bench_run(bench: Benchmark, run_dir: Path) -> tuple[RunConfig, Resolved]:
     """vlmtrain's description of the benchmark (its data, processor, FLOPs and peak), in `run_dir`, placed and
     resolved as train.py would (the one Resolved each of this process's steps reads)."""
-    return placed_resolved(bench.run.overrides, output_dir=str(run_dir))
+    return placed_resolved(bench.run, output_dir=str(run_dir))
 
 
 @contextmanager
@@ -77,7 +76,7 @@ def shipped(bench: Benchmark, run: RunConfig, res: Resolved) -> ConfigContainer:
     module_name, function = bench.recipe.rsplit(".", 1)
     recipes = importlib.import_module(module_name)
     # the model as on the hub: its published depth
-    published = compose([o for o in bench.run.overrides if not o.startswith("model.num_layers=")]).model
+    published = compose([o for o in bench.run.command_line() if not o.startswith("model.num_layers=")]).model
     hf = model.hf_config(published, vision_token_ids(prepare.processor_dir(run)))
     # the recipe reads GPU 0's properties (apply_flex_dispatcher_backend): a dry run presents the declared H200's
     with offline_hub(recipes, hf), target.declared_target(run, res):
@@ -152,7 +151,7 @@ def run_once(bench: Benchmark, i: int, machine_run: str, out: Path, results_path
     from vlmtrain.data import prepare
 
     prepare.prepare(*bench_run(bench, run_dir))  # the data scan on CPU before the rank starts, as vlmtrain.flow does
-    print(f"[bridge-recipe] run {i + 1} ({machine_run}) in {run_dir}", flush=True)
+    print(f"[bridge-recipe] run {i + 1} in {run_dir}", flush=True)
     port = int(os.environ.get("MASTER_PORT") or runner.free_port())
     spawned = runner.spawn(command(bench, run_dir, port), run_dir, port=port)
     rc = spawned.wait()
@@ -163,16 +162,15 @@ def run_once(bench: Benchmark, i: int, machine_run: str, out: Path, results_path
         print((run_dir / "train.log").read_text()[-4000:], flush=True)
         return None
     return store.append(results_path, bench.run.name, ENTRY, summary, machine_run=machine_run, run=i, wall_s=wall,
-                        recipe=bench.recipe, changes=bench.all_changes(), config=list(bench.run.overrides))
+                        recipe=bench.recipe, changes=bench.all_changes(), config=bench.run.command_line())
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(BENCH_FLAG, choices=sorted(BENCHMARKS), default="h1", help="which benchmark's recipe")
-    ap.add_argument("--repeats", type=int, default=3, help="runs on this machine run (recorded ones are skipped)")
+    schedule.add_flags(ap, 3)
     ap.add_argument("--dry-run", action="store_true", help="CPU: build the recipe's container and validate it")
-    ap.add_argument("--results", type=Path, default=ROOT / "results" / "perf_h200.jsonl")
-    ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "bridge_recipe")
-    ap.add_argument("--budget-s", type=float, default=None, help="start no run that would end after this many s")
+    experiments.add_results(ap, "perf_h200.jsonl")
+    experiments.add_out(ap, "bridge_recipe")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -180,19 +178,13 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         dry_run(bench, args.out / f"dry-run-{bench.name}")
         return 0
-    machine_run = store.machine_run()
-    have = repeats.done(args.results, bench.run.name, machine_run)
-    print(f"[bridge-recipe] {have} of {args.repeats} runs recorded on {machine_run}", flush=True)
-    t0, walls = time.monotonic(), []
-    for i in range(have, args.repeats):
-        if args.budget_s is not None and walls and time.monotonic() - t0 + max(walls) > args.budget_s:
-            print(f"[bridge-recipe] budget: {args.budget_s:.0f} s would be exceeded; runs {i + 1}.. not started")
-            return 0
-        started = time.monotonic()
-        if run_once(bench, i, machine_run, args.out / bench.name, args.results) is None:
-            return 1
-        walls.append(time.monotonic() - started)
-    if have < args.repeats:
-        repeats.append_summary(args.results, bench.run.name, machine_run,
-                               f"{ENTRY} {BENCH_FLAG} {bench.name} --repeats {args.repeats}")
-    return 0
+    machine_run = store.machine_run(args.machine_run, store.machine_runs(args.results))
+    command = f"{ENTRY} {BENCH_FLAG} {bench.name} --repeats {args.repeats}"
+    todo = schedule.pending([bench.run], args.repeats, lambda c: schedule.done(args.results, c.name, machine_run),
+                            "bridge-recipe", machine_run)
+    failed = schedule.run(
+        todo, lambda _, i: run_once(bench, i, machine_run, args.out / bench.name, args.results) is not None,
+        repeats=args.repeats, tag="bridge-recipe", machine_run=machine_run, budget_s=args.budget_s,
+        after_last=lambda c: schedule.summary(args.results, c.name, machine_run, command,
+                                              vs_bridge.after_summary(args.results, machine_run, command)))
+    return 1 if failed else 0

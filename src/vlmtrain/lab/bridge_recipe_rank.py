@@ -64,7 +64,7 @@ def main(bench: Benchmark, run_dir: Path) -> int:
 
     run, res = bridge_recipe.bench_run(bench, run_dir)
     cfg = bridge_recipe.recipe_config(bench, run, res)
-    trainer.use_prebuilt_dataset_helpers()  # the core wheel ships the helpers built but no Makefile (STACK.md)
+    trainer.use_prebuilt_dataset_helpers()  # the core wheel ships the helpers built but no Makefile
     counters = StepCounters(run, res, nullcontext)
     pretrain(cfg, counters.wrap(forward_step), callbacks=[PeerMetrics(run, counters)])
     return 0

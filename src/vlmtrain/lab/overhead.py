@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from vlmtrain.lab import runner
+from vlmtrain.lab.kit import runner
 
 BRIDGE_ALONE = "vlmtrain.lab.bridge_alone"
 """The torchrun module of side (b)."""

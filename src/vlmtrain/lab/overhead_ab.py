@@ -11,8 +11,8 @@ pretrain() on the IDENTICAL ConfigContainer (vlmtrain.lab.overhead: the measurem
 Post-warm-up steps of all pairs are pooled: medians, the median of per-step ratios (both sides train the same
 samples in the same order) and an interval over pairs. Pairs alternate their order (a b, b a, ...) so that a drift
 over the session does not land on one side. Rows `overhead_<case>` go to the spec's results file, one per pair as it
-ends and a pooled one; with the spec's iterations, pair 0's (a) run is also recorded as the case's own row. A
-10-minute command holds two pairs of the best case, so --pool joins the rows of several invocations on one machine.
+ends and a pooled one; with the spec's iterations, pair 0's (a) run is also recorded as the case's own row. A GPU
+job too short for all its pairs runs some, and --pool joins the rows of several invocations on one machine.
 """
 
 from __future__ import annotations
@@ -20,15 +20,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from vlmtrain.lab import bridge_alone as direct_pretrain
-from vlmtrain.lab import cases as run_cases
-from vlmtrain.lab import spec as spec_module
-from vlmtrain.lab import store
-from vlmtrain.lab.cases import ROOT, Case
+from vlmtrain.lab.kit import experiments, runner, store
+from vlmtrain.lab.kit import spec as spec_module
+from vlmtrain.lab.kit.case import Case, placed_resolved
+from vlmtrain.lab.kit.runner import ROOT
+from vlmtrain.lab.kit.spec import Spec
 from vlmtrain.lab.overhead import (
     ITERATIONS,
     PORT,
@@ -40,13 +40,11 @@ from vlmtrain.lab.overhead import (
     profiled_iterations,
     run_direct,
 )
-from vlmtrain.lab.spec import Spec
-from vlmtrain.lab.sweep import as_run_case
 
 
 def pick(spec: Spec, name: str, iterations: int) -> Case:
     """The spec's case of that exact name, else the first whose name contains it."""
-    cases = [as_run_case(spec, c, iterations) for c in spec.expand(["all"], [name])]
+    cases = [c.plus(dry_run=False) for c in spec.expand(["all"], [name], iterations)]
     if not cases:
         raise SystemExit(f"no {spec.name} case matches {name!r}")
     return next((c for c in cases if c.name == name), cases[0])
@@ -56,9 +54,9 @@ def dry_run(case: Case, out: Path) -> int:
     """CPU check of side (b): save the run config as launch.local would, derive (b)'s, then load/build/validate."""
     from vlmtrain.launch import local
 
-    run, res = run_cases.placed_resolved(run_cases.overrides(case), output_dir=str(out / "vlmtrain"))
+    run, res = placed_resolved(case, output_dir=str(out / "vlmtrain"))
     run_config = direct_run_config(local.save_run_config(run, res), out / "direct")
-    print("(a)", " ".join(run_cases.command(case, out / "pairN_vlmtrain")))
+    print("(a)", " ".join(runner.argv(case, out / "pairN_vlmtrain")))
     print("(b)", " ".join(direct_command(run_config, case.gpus, PORT)))
     return direct_pretrain.main([str(run_config), "--dry-run"])
 
@@ -73,10 +71,10 @@ def run_pair(case: Case, i: int, args: argparse.Namespace) -> dict[str, Any] | N
     walls: dict[str, float] = {}
     for side in order.split(","):
         if side == "vlmtrain":
-            [(_, rc, a_dir, walls[side])] = run_cases.run_batch([a_case], args.out, case.gpus)
+            [(_, rc, a_dir, walls[side])] = runner.side_by_side([a_case], args.out)
             log = a_dir / "train.log"
             if not rc and i == 0 and args.iterations == int(args.spec.get("iterations", 8)) and not args.extra:
-                run_cases.record(case, rc, a_dir, walls[side], args.results, config=run_cases.overrides(case),
+                store.record(case, rc, a_dir, walls[side], args.results, config=case.command_line(),
                                  runner=f"{args.entry} --case {case.name} (pair 0, vlmtrain side)")
         else:
             rc, walls[side] = run_direct(source, b_dir, case.gpus)
@@ -96,9 +94,7 @@ def run_pair(case: Case, i: int, args: argparse.Namespace) -> dict[str, Any] | N
 def pool(name: str, k: int, results_path: Path, command: str) -> dict[str, Any]:
     """One row from the pairs of the last k rows named `name` (invocations of one session on one machine: same
     date, machine and config, else refused), so a session split into several commands gives one measurement."""
-    from vlmtrain.observe import run_summary
-
-    rows = [r for r in run_summary.read_jsonl(results_path) if r["name"] == name and "pairs_detail" in r
+    rows = [r for r in store.read(results_path) if r["name"] == name and "pairs_detail" in r
             and "pooled" not in r][-k:]
     if len(rows) < k or len({(r["date"], r["machine"], str(r.get("config"))) for r in rows}) != 1:
         raise SystemExit(f"--pool {k}: need {k} rows of {name} from one date, machine and config in "
@@ -125,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
 def main(spec: Spec, args: argparse.Namespace) -> int:
     args.profile_summary = profile_summary
     args.spec, args.results = spec, args.results or ROOT / spec.get("results", f"results/{spec.name}.jsonl")
-    case = pick(spec, args.case or spec.case({}).name, args.iterations)
+    case = pick(spec, args.case or spec.name_of({}), args.iterations)
     cmd = f"{args.entry} --case {case.name}"
     if args.extra:
         cmd += " --extra " + " ".join(args.extra)
@@ -146,7 +142,7 @@ def main(spec: Spec, args: argparse.Namespace) -> int:
             return 1
         # one row per pair as it finishes (a command cut short keeps its pairs); the last one pools them
         metrics = overhead_metrics([pair])
-        store.append(args.results, name, f"{cmd} (pair {i})", metrics, config=run_cases.overrides(case),
+        store.append(args.results, name, f"{cmd} (pair {i})", metrics, config=case.command_line(),
                        direct=" ".join(direct_command(Path("<run dir>/run_config.yaml"), case.gpus, PORT)),
                        pairs_detail=[pair])
         print(f"[overhead] pair {i} ({pair['order']}): {metrics}", flush=True)
@@ -164,5 +160,5 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     "the row apart (e.g. train.profile_step=6: both sides trace that step)")
     ap.add_argument("--pool", type=int, metavar="K", help="no runs: pool the pairs of the case's last K rows")
     ap.add_argument("--dry-run", action="store_true", help="CPU: build + Bridge validation of the direct side")
-    ap.add_argument("--results", type=Path, help="default: the spec's results file")
-    ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "overhead" / time.strftime("%Y%m%d-%H%M%S"))
+    experiments.add_results(ap, None, "the spec's results file")
+    experiments.add_out(ap, "overhead", stamped=True)

@@ -14,15 +14,16 @@ Bridge's profiler records iteration `profile_step` counted from 1: metrics.jsonl
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from vlmtrain.lab import cases as run_cases
-from vlmtrain.lab import experiments, spec, store, sweep
-from vlmtrain.lab.cases import ROOT, Case
+from vlmtrain.lab.kit import experiments, runner, spec, store
+from vlmtrain.lab.kit.case import Case
+from vlmtrain.lab.kit.runner import ROOT
 from vlmtrain.observe import run_summary
 from vlmtrain.report import profile
 
@@ -31,7 +32,7 @@ def profile_case(case: Case, step: int) -> Case:
     """The case plus `train.profile_step` (two more iterations, so the profiled one is not the last)."""
     kept = [o for o in case.overrides if not o.startswith("train.iterations=")]
     extra = [f"train.iterations={step + 2}", f"train.profile_step={step}"]
-    return Case(f"profile_{case.name}", case.gpus, [*kept, *extra])
+    return Case(f"profile_{case.name}", case.gpus, [*kept, *extra], dry_run=False)
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -43,8 +44,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     "or train.profile_stacks=true)")
     ap.add_argument("--ab", type=int, default=0, metavar="N",
                     help="N pairs: the case unprofiled, then profiled, each pair's profiled row with the stretch")
-    ap.add_argument("--results", type=Path, default=None, help="default results/profile_<spec without perf_>.jsonl")
-    ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "profile")
+    experiments.add_results(ap, None, "results/profile_<spec without perf_>.jsonl")
+    experiments.add_out(ap, "profile")
 
 
 def stretch(profiled: Path, plain: Path, step: int) -> dict[str, float]:
@@ -60,28 +61,27 @@ def stretch(profiled: Path, plain: Path, step: int) -> dict[str, float]:
 
 def run(args: argparse.Namespace) -> int:
     perf = spec.load(args.spec)
-    expanded = perf.expand(["all"])
-    cases = {c.name: sweep.as_run_case(perf, c, int(perf.get("iterations"))) for c in expanded}
-    args.case = args.case or (perf.case(perf.get("best")) if perf.get("best") else expanded[0]).name
+    expanded = perf.expand(["all"], iterations=int(perf.get("iterations")))
+    cases = {c.name: c for c in expanded}
+    args.case = args.case or (perf.name_of(perf.get("best")) if perf.get("best") else expanded[0].name)
     args.results = args.results or ROOT / "results" / f"profile_{args.spec.removeprefix('perf_')}.jsonl"
     if args.case not in cases:
         print(f"unknown case {args.case!r}; see vlmtrain sweep {args.spec} --sweep all --list", file=sys.stderr)
         return 2
     base = cases[args.case]
-    plain = Case(base.name, base.gpus, [*base.overrides, *args.extra])
-    case = profile_case(plain, args.step)
-    plain = Case(f"unprofiled_{base.name}", plain.gpus,  # the same iterations, no profiler
-                 [o for o in case.overrides if not o.startswith("train.profile_step=")])
+    case = profile_case(base.plus(*args.extra), args.step)
+    plain = dataclasses.replace(case, name=f"unprofiled_{base.name}",  # the same iterations, no profiler
+                                overrides=[o for o in case.overrides if not o.startswith("train.profile_step=")])
     for pair in range(max(args.ab, 1)):
         extra: dict[str, Any] = {}
+        out = args.out / f"pair{pair}" if args.ab else args.out
         if args.ab:
-            ((_, rc, plain_dir, _),) = run_cases.run_batch([plain], args.out / f"pair{pair}", plain.gpus)
+            ((_, rc, plain_dir, _),) = runner.side_by_side([plain], out)
             if rc != 0:
                 print(f"[profile] {plain.name} failed rc={rc}; see {plain_dir / 'train.log'}", flush=True)
                 return rc
         t0 = time.time()
-        ((_, rc, run_dir, _),) = run_cases.run_batch([case], args.out / f"pair{pair}" if args.ab else args.out,
-                                                     base.gpus)
+        ((_, rc, run_dir, _),) = runner.side_by_side([case], out)
         if rc != 0:
             print(f"[profile] {case.name} failed rc={rc}; see {run_dir / 'train.log'}", flush=True)
             return rc
@@ -93,10 +93,10 @@ def run(args: argparse.Namespace) -> int:
         metrics.update({k: v for k, v in run_summary.summarize(run_dir).items() if k in ("step_s", "peak_mem_gib")})
         if args.ab:
             metrics |= stretch(run_dir, plain_dir, args.step)
-            extra = {"pair": pair, "unprofiled_config": run_cases.overrides(plain)}
+            extra = {"pair": pair, "unprofiled_config": plain.command_line()}
             print(f"[profile] pair {pair}: profiled step {metrics['profiled_step_ratio']:.2f}x, other steps "
                   f"{metrics['other_steps_ratio']:.2f}x the unprofiled run's", flush=True)
-        store.append(args.results, case.name, experiments.typed(args), metrics, config=run_cases.overrides(case),
+        store.append(args.results, case.name, experiments.typed(args), metrics, config=case.command_line(),
                      wall_s=round(time.time() - t0, 1), sites_from=s["sites_from"], **extra,
                      **{k: s[k] for k in ("top_kernels_ms", "kernel_ms_by_python_site", "idle_ms_by_python_site")})
     return 0

@@ -4,7 +4,7 @@ case in the spec's results file (vlmtrain.observe.run_summary; metrics from summ
 `config`); `--report` writes <results>.md from that file alone. With `--repeats N` (default: the spec's `repeats`, else
 1) each case runs until this machine run has N finished runs of it (one row each, with `machine_run` and `run`;
 runs already recorded for the machine run are skipped, so repeats may span invocations), then its summary row:
-median and min-max (vlmtrain.lab.repeats).
+median and min-max (vlmtrain.lab.kit.schedule; a benchmark's peer ratio after it, vlmtrain.lab.vs_bridge).
 
     vlmtrain sweep perf_h200x2 --sweep mbs parallelism [--only SUBSTR ...] [--iterations 8]
     vlmtrain sweep perf_h200 --sweep h1 [--repeats 3] [--budget-s 600]   # one H200: 3 runs per case, then medians
@@ -16,17 +16,16 @@ median and min-max (vlmtrain.lab.repeats).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vlmtrain.lab import cases as run_cases
-from vlmtrain.lab import repeats, store, sweep_report
-from vlmtrain.lab import spec as spec_module
-from vlmtrain.lab.cases import ROOT, Case
-from vlmtrain.lab.spec import Spec
+from vlmtrain.lab import sweep_report, vs_bridge
+from vlmtrain.lab.kit import experiments, schedule, store
+from vlmtrain.lab.kit import spec as spec_module
+from vlmtrain.lab.kit.case import Case, placed_resolved
+from vlmtrain.lab.kit.runner import ROOT
+from vlmtrain.lab.kit.spec import Spec
 from vlmtrain.lab.tune import trials
 
 if TYPE_CHECKING:
@@ -34,39 +33,32 @@ if TYPE_CHECKING:
     from vlmtrain.config.schema import RunConfig
 
 
-def as_run_case(spec: Spec, case: Case, iterations: int) -> Case:
-    """The case as benchmark rows record it: every override of `python train.py` (the spec's base, the knobs'
-    overrides, the iterations)."""
-    return dataclasses.replace(case, overrides=[*spec.base, *case.overrides, f"train.iterations={iterations}"])
-
-
-def composed(spec: Spec, case: Case, **compose_kw: str) -> tuple[RunConfig, Resolved]:
+def composed(case: Case, **compose_kw: str) -> tuple[RunConfig, Resolved]:
     """The case as `python train.py <case> dry_run=true` composes it, placed on its declared world and resolved."""
-    return run_cases.placed_resolved(run_cases.overrides(as_run_case(spec, case, 1), dry_run=True), **compose_kw)
+    return placed_resolved(case.plus(dry_run=True), **compose_kw)
 
 
-def table(spec: Spec, cases: list[Case], status: dict[str, str] | None = None) -> str:
+def table(cases: list[Case], status: dict[str, str] | None = None) -> str:
     """One line per case: the layout and the batch arithmetic (config.resolve's grad-accum)."""
     w = max(len(c.name) for c in cases)
     lines = [f"{'case':<{w}}  {'layout':<12} {'MBS':>3} {'accum':>5}  status"]
     for case in cases:
-        run, res = composed(spec, case)
+        run, res = composed(case)
         lay, mbs, accum = res.layout, run.train.micro_batch_size, res.grad_accum
         lines.append(f"{case.name:<{w}}  {f'TP{lay.tp} EP{lay.ep} DP{lay.dp}':<12} {mbs:>3} {accum:>5}  "
                      f"{(status or {}).get(case.name, '')}")
     return "\n".join(lines)
 
 
-def dry_run(spec: Spec, cases: list[Case], out: Path) -> dict[str, str]:
+def dry_run(cases: list[Case], out: Path) -> dict[str, str]:
     """What `python train.py <case> dry_run=true` does (preflight, build, Bridge's runtime_config_update for the
     declared world), in this one process so Bridge is imported once."""
     from vlmtrain.build import plan
 
     status = {}
     for case in cases:
-        overrides = run_cases.overrides(as_run_case(spec, case, 1), dry_run=True)
-        print(f"\n=== {case.name}: python train.py {' '.join(overrides)}", flush=True)
-        rc = plan.dry_run(*composed(spec, case, output_dir=str(out / case.name)))
+        print(f"\n=== {case.name}: python train.py {' '.join(case.plus(dry_run=True).command_line())}", flush=True)
+        rc = plan.dry_run(*composed(case, output_dir=str(out / case.name)))
         status[case.name] = {0: "ok", 2: "PREFLIGHT ERROR", 3: "BRIDGE VALIDATION ERROR"}.get(rc, f"rc={rc}")
     return status
 
@@ -76,7 +68,7 @@ def mock_ratio_row(spec: Spec, ran: set[str], results_path: Path, command: str) 
     come from an earlier session's row in the same results file."""
     if not spec.get("mock_pair"):
         return None
-    names = tuple(spec.case(e).name for e in spec.get("mock_pair"))
+    names = tuple(spec.name_of(e) for e in spec.get("mock_pair"))
     latest = sweep_report.latest_rows(results_path)
     real, mock = (latest.get(n) for n in names)
     if not (real and mock and ran & set(names)):
@@ -89,29 +81,14 @@ def mock_ratio_row(spec: Spec, ran: set[str], results_path: Path, command: str) 
                           config={"real": real["config"], "mock": mock["config"]})
 
 
-def run_case(spec: Spec, case: Case, args: argparse.Namespace, trial_dir: Path | None = None,
+def run_case(case: Case, args: argparse.Namespace, trial_dir: Path | None = None,
              **extra: Any) -> dict[str, Any] | None:
     """One case through the trial runner (no early stopping: every case is measured), its row appended."""
-    rc_case = as_run_case(spec, case, args.iterations)
-    out = trials.run(trials.sweep_process, trial_dir or args.out / case.name, run_cases.overrides(rc_case),
-                     rc_case.gpus)
+    out = trials.run(trials.sweep_process, trial_dir or args.out / case.name, case, case.gpus or 1)
     if out.status != "ok":
         print(f"[sweep] {case.name}: {out.reason}", flush=True)
-    return run_cases.record(rc_case, 0 if out.status == "ok" else 1, Path(out.run_dir), out.wall_s, args.results,
-                            config=run_cases.overrides(rc_case), runner=args.runner, **extra)
-
-
-def pending(cases: list[Case], args: argparse.Namespace, machine_run: str) -> list[tuple[Case, int]]:
-    """(case, run number) still to run on this machine run: each case's runs up to --repeats, the recorded ones left
-    out. Runs alternate between cases (every case's run 1, then run 2, ...): drift on the machine run touches each
-    case alike, and a budget cut leaves every case with about as many runs."""
-    todo = []
-    for case in cases:
-        have = repeats.done(args.results, case.name, machine_run) if args.repeats > 1 else 0
-        if args.repeats > 1 and have:
-            print(f"[sweep] {case.name}: {have} of {args.repeats} runs already recorded on {machine_run}", flush=True)
-        todo += [(case, i) for i in range(have, args.repeats)]
-    return sorted(todo, key=lambda t: t[1])
+    return store.record(case, 0 if out.status == "ok" else 1, Path(out.run_dir), out.wall_s, args.results,
+                        config=case.command_line(), runner=args.runner, **extra)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -138,7 +115,7 @@ def main(spec: Spec, args: argparse.Namespace) -> int:
     if not args.sweep:
         print("vlmtrain sweep: --sweep is required (or --report)", file=sys.stderr)
         return 2
-    cases = spec.expand(args.sweep, args.only)
+    cases = [c.plus(dry_run=False) for c in spec.expand(args.sweep, args.only, args.iterations)]
     if args.skip_done:
         done = {n for n, r in sweep_report.latest_rows(args.results).items() if not r.get("rc")}
         cases = [c for c in cases if c.name not in done]
@@ -148,13 +125,12 @@ def main(spec: Spec, args: argparse.Namespace) -> int:
     case_s = int(spec.get("case_s", 120))
     print(f"[sweep] {len(cases)} case(s) x {args.repeats} run(s), ~{len(cases) * args.repeats * case_s / 60:.0f} min "
           f"of GPU time at ~{case_s} s each")
-    if args.list:
-        print(table(spec, cases))
-        return 0
-    if args.dry_run:
-        status = dry_run(spec, cases, args.out)
-        print("\n" + table(spec, cases, status))
-        return 0 if all(s == "ok" for s in status.values()) else 1
+    if args.list or args.dry_run:  # planned at one iteration, as before any GPU work
+        names = {c.name for c in cases}
+        planned = [c for c in spec.expand(args.sweep, args.only, 1) if c.name in names]
+        status = dry_run(planned, args.out) if args.dry_run else None
+        print(("\n" if status else "") + table(planned, status))
+        return 0 if all(s == "ok" for s in (status or {}).values()) else 1
     from vlmtrain.config.world import local_gpus
 
     if local_gpus() < int(spec.get("gpus", 1)):
@@ -162,28 +138,25 @@ def main(spec: Spec, args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     args.runner = f"{args.entry} --sweep {' '.join(args.sweep)}"
-    machine_run = store.machine_run()
-    todo = pending(cases, args, machine_run)
-    failed, ran, t0, walls = set(), set(), time.monotonic(), []
-    for k, (case, i) in enumerate(todo):
-        if case.name in failed:
-            continue  # a case that failed once on this machine run is not repeated in this call
-        if args.budget_s is not None and time.monotonic() - t0 + max(walls, default=case_s) > args.budget_s:
-            print(f"[sweep] budget: {args.budget_s:.0f} s would be exceeded; not started: "
-                  f"{', '.join(f'{c.name} run {j + 1}/{args.repeats}' for c, j in todo[k:])}", flush=True)
-            break
-        print(f"[sweep] {case.name}" + (f" run {i + 1}/{args.repeats} ({machine_run})" if args.repeats > 1 else ""),
-              flush=True)
-        started = time.monotonic()
-        extra = {"machine_run": machine_run, "run": i} if args.repeats > 1 else {}
-        row = run_case(spec, case, args, args.out / case.name / f"run{i}" if extra else None, **extra)
-        walls.append(time.monotonic() - started)
-        if row is None:
-            failed.add(case.name)
-            continue
-        ran.add(case.name)
-        if extra and i + 1 == args.repeats:
-            repeats.append_summary(args.results, case.name, machine_run, f"{args.runner} --repeats {args.repeats}")
+    machine_run = store.machine_run(args.machine_run, store.machine_runs(args.results))
+    repeated = args.repeats > 1
+    ran: set[str] = set()
+
+    def measure(case: Case, i: int) -> bool:
+        extra = {"machine_run": machine_run, "run": i} if repeated else {}
+        row = run_case(case, args, args.out / case.name / f"run{i}" if repeated else None, **extra)
+        ran.update([case.name] if row else [])
+        return row is not None
+
+    def summarize(case: Case) -> None:
+        command = f"{args.runner} --repeats {args.repeats}"
+        schedule.summary(args.results, case.name, machine_run, command,
+                         vs_bridge.after_summary(args.results, machine_run, command))
+
+    todo = schedule.pending(cases, args.repeats, lambda c: schedule.done(args.results, c.name, machine_run)
+                            if repeated else 0, "sweep", machine_run)
+    failed = schedule.run(todo, measure, repeats=args.repeats, tag="sweep", machine_run=machine_run,
+                          budget_s=args.budget_s, first_s=case_s, after_last=summarize if repeated else None)
     mock_ratio_row(spec, ran, args.results, f"{args.entry} --sweep mock")
     return 1 if failed else 0
 
@@ -193,15 +166,11 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--sweep", nargs="+", help="sweep names of the spec, or all")
     ap.add_argument("--only", nargs="*", help="case names (substring match)")
     ap.add_argument("--iterations", type=int, help="default: the spec's")
-    ap.add_argument("--repeats", type=int, help="runs per case on this machine run, then a median row (default: the "
-                    "spec's `repeats`, else 1); runs the machine run already recorded are not run again")
+    schedule.add_flags(ap, None, "case (default: the spec's `repeats`, else 1)")
     ap.add_argument("--dry-run", action="store_true", help="dry_run=true for every case (CPU: no GPU needed)")
     ap.add_argument("--list", action="store_true", help="print the case table and exit")
     ap.add_argument("--report", action="store_true", help="write <results>.md from --results and exit")
     ap.add_argument("--skip-done", action="store_true",
                     help="leave out cases whose latest row in --results finished (rc 0); failed ones run again")
-    ap.add_argument("--budget-s", type=float, default=None,
-                    help="start no case that would end after this many seconds (estimate: the slowest case so far, "
-                         "the spec's case_s before the first), so a time-limited GPU run loses no half-run case")
-    ap.add_argument("--results", type=Path, help="default: the spec's results file")
-    ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "sweep" / time.strftime("%Y%m%d-%H%M%S"))
+    experiments.add_results(ap, None, "the spec's results file")
+    experiments.add_out(ap, "sweep", stamped=True)

@@ -7,23 +7,23 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from vlmtrain.lab import repeats as reps
-from vlmtrain.lab import store
+from vlmtrain.lab import vs_bridge
+from vlmtrain.lab.kit import schedule as reps
+from vlmtrain.lab.kit import store
+from vlmtrain.lab.kit.spec import Spec
 from vlmtrain.lab.micro import ceiling
-from vlmtrain.lab.spec import Spec
-from vlmtrain.observe import run_summary
 
 REPEATED_NOTE = "the latest of repeated runs: their median is below"
 
 
 def latest_rows(results_path: Path) -> dict[str, dict[str, Any]]:
-    """The results file's rows by case name (vlmtrain.observe.run_summary.latest)."""
-    return {r["name"]: r for r in store.latest(run_summary.read_jsonl(results_path))}
+    """The results file's rows by case name (vlmtrain.lab.kit.store.latest)."""
+    return {r["name"]: r for r in store.latest(store.read(results_path))}
 
 
 def claims(spec: Spec) -> list[tuple[str, str, str]]:
     """(what, case A's name, case B's name) of every claim in the spec."""
-    return [(what, spec.case(a).name, spec.case(b).name) for what, a, b in spec.get("claims") or []]
+    return [(what, spec.name_of(a), spec.name_of(b)) for what, a, b in spec.get("claims") or []]
 
 
 def repeats(rows: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
@@ -45,7 +45,7 @@ def _cases(latest: dict[str, dict[str, Any]], ok: dict[str, dict[str, Any]]) -> 
                   "| case | step_s | useful tok/s/GPU | MFU | peak GiB | useful fraction | ViT / decoder s | note |",
                   "|---|---|---|---|---|---|---|---|"]
         for n, m in sorted(ok.items(), key=lambda kv: -kv[1]["useful_tokens_per_s_per_gpu"]):
-            if reps.trains_every_tower(latest[n]) == frozen:
+            if vs_bridge.trains_every_tower(latest[n]) == frozen:
                 continue
             note = ("exit 1 after training (see row)" if latest[n].get("rc") else
                     "rates are medians of per-step rates (run files lost)" if "rates" in latest[n] else
@@ -76,7 +76,7 @@ def _claims(spec: Spec, rows: list[dict[str, Any]], latest: dict[str, dict[str, 
             ok: dict[str, dict[str, Any]]) -> list[str]:
     # first_loss: step 1 sees the same samples from the same initialization in every case of one vision/data
     # setting, so A and B agreeing says both trained the same model on the same tokens
-    lines = ["", "## The seed's claims at this scale", "",
+    lines = ["", "## The spec's claims at this scale", "",
              "| claim | useful tok/s/GPU A/B | step_s A/B | first_loss A, B | A/B per repeat |",
              "|---|---|---|---|---|"]
     for what, a, b in claims(spec):
@@ -118,7 +118,7 @@ def _repeated(rows: list[dict[str, Any]]) -> list[str]:
         lines += ["", f"## Repeated cases, {title}: median (min-max) over the runs of one machine run", "", header,
                   "|---|---|---|---|---|---|---|---|"]
         for r in sorted(summaries, key=lambda r: (r["machine_run"], -r["metrics"][reps.USEFUL])):
-            if reps.trains_every_tower(r) == frozen:
+            if vs_bridge.trains_every_tower(r) == frozen:
                 continue
             m = r["metrics"]
             towers = " / ".join(f"{m[k]:.1%}" if k in m else "-" for k in ("mfu_vit", "mfu_projector", "mfu_decoder"))
@@ -130,7 +130,7 @@ def _repeated(rows: list[dict[str, Any]]) -> list[str]:
     for r in store.latest(rows):
         m = r["metrics"]
         if r["name"].startswith("vs-bridge-recipe"):
-            peer = reps.bridge_case(m["vlmtrain_case"].split("_", 1)[0] + "_")
+            peer = vs_bridge.bridge_case(m["vlmtrain_case"].split("_", 1)[0] + "_")
             lines.append(f"- vs_bridge_recipe ({r['machine_run']}): {m['vs_bridge_recipe']:.2f} = "
                          f"{m['vlmtrain_case']} / {peer}, median useful tokens/s/GPU "
                          f"{m['vlmtrain_' + reps.USEFUL]:.0f} / {m['bridge_recipe_' + reps.USEFUL]:.0f}")
@@ -172,7 +172,7 @@ def _overhead_line(n: str, r: dict[str, Any]) -> str:
 
 def report(spec: Spec, results_path: Path, entry: str) -> str:
     """Markdown from the results file alone; `entry`: the command that writes it (the title line)."""
-    rows = run_summary.read_jsonl(results_path)
+    rows = store.read(results_path)
     latest = latest_rows(results_path)
     ok = {n: r["metrics"] for n, r in latest.items() if "useful_tokens_per_s_per_gpu" in r["metrics"]
           and not n.endswith(reps.SUMMARY_SUFFIX)}

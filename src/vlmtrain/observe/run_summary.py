@@ -1,13 +1,12 @@
-"""Results files: summarize a run directory and append one JSON row per measured run to results/<topic>.jsonl.
-
-A row is {name, command, date, machine, machine_run, metrics, config}; metric keys carry units. Only the steps after
-warm-up count (the first `skip` steps include compilation, CUDA-graph capture and allocator growth). Rates (tokens/s,
-TFLOP/s, MFU) are over the whole steady window: total work / total time, i.e. per-step rates weighted by step
-time. A median of per-step rates would overstate them whenever steps carry unequal work (packed real images:
-steps with more tokens run at higher rates; up to ~10 % in results/perf_h200x2.jsonl). Step time and the other
+"""A run's own figures: its metrics.jsonl (one row per step) read and summarized, the headline and the per-component
+figures every later stage reports (the report's jobs, the W&B run summary, the lab's results rows). Metric keys carry
+units. Only the steps after warm-up count (the first `skip` steps include compilation, CUDA-graph capture and allocator
+growth). Rates (tokens/s, TFLOP/s, MFU) are over the whole steady window: total work / total time, i.e. per-step rates
+weighted by step time. A median of per-step rates would overstate them whenever steps carry unequal work (packed real
+images: steps with more tokens run at higher rates; up to ~10 % in results/perf_h200x2.jsonl). Step time and the other
 keys are medians. Per tower (vit, projector, decoder), `mfu_<tower>` is the tower's FLOPs over its own timed span
-(observe.timing's per-component seconds) against the same peak as `mfu`. The first row's startup spans
-(observe.startup) are copied as they are.
+(observe.timing's per-component seconds) against the same peak as `mfu`. The first row's startup spans (observe.startup)
+are copied as they are.
 """
 
 from __future__ import annotations
@@ -26,11 +25,12 @@ HEADLINE_KEYS = ("step_s", "useful_tokens_per_s_per_gpu", "padded_tokens_per_s_p
                  "mfu_precision_peak")
 RATE_KEYS = frozenset(HEADLINE_KEYS[1:])
 """Per-step rates: summarized as total work / total time (weighted by step_s), not as a median."""
-SUMMARY_KEYS = (*HEADLINE_KEYS, "time_vision_s", "time_projector_s", "time_decoder_s", "time_optimizer_s",
-                "time_data_s", "time_other_s", "flops_vit", "flops_projector", "flops_decoder", "vlmtrain_host_s",
-                "skipped_samples")
-"""What a benchmark row's `metrics` holds: the headline, observe.timing's per-component seconds (`other` = step_s
-minus the named ones), the FLOPs split and vlmtrain's own host time (report.job.SUMMARY_KEYS is the same tuple)."""
+TIME_KEYS = ("time_vision_s", "time_projector_s", "time_decoder_s", "time_optimizer_s", "time_data_s", "time_other_s")
+"""observe.timing's per-component seconds of a step (rank 0); `other` = step_s minus the named ones."""
+FLOP_KEYS = ("flops_vit", "flops_projector", "flops_decoder")
+SUMMARY_KEYS = (*HEADLINE_KEYS, *TIME_KEYS, *FLOP_KEYS, "vlmtrain_host_s", "skipped_samples", "truncated_samples")
+"""A run's summary: the headline, the per-component seconds, the FLOPs split, vlmtrain's own host time and the data
+scan's counts (truncated samples only where data.truncate_long_samples counts them)."""
 TOWERS = {"vit": "time_vision_s", "projector": "time_projector_s", "decoder": "time_decoder_s"}
 """Each tower's FLOPs key suffix (flops_<tower>) -> its timed span in a metrics row."""
 
@@ -42,7 +42,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def append_jsonl(path: Path, row: dict[str, Any]) -> None:
-    """One JSON row at the end of `path` (a run's metrics.jsonl and samples.jsonl; the lab's results files)."""
+    """One JSON row at the end of `path` (a run's metrics.jsonl and samples.jsonl)."""
     with path.open("a") as f:
         f.write(json.dumps(row) + "\n")
 

@@ -11,18 +11,14 @@ from typing import TYPE_CHECKING, Any
 
 from vlmtrain.config.groups import CHOSEN
 from vlmtrain.observe.keys import VAL_LM_LOSS
-from vlmtrain.observe.run_summary import HEADLINE_KEYS, steady, summarize_rows
+from vlmtrain.observe.run_summary import SUMMARY_KEYS, steady, summarize_rows
 
 if TYPE_CHECKING:
     from vlmtrain.check.speed import StepTime
     from vlmtrain.config.resolve import Resolved
 
-TIME_KEYS = ("time_vision_s", "time_projector_s", "time_decoder_s", "time_optimizer_s", "time_data_s", "time_other_s")
-"""observe.timing's per-component seconds of a step (rank 0); `other` = step_s minus the named ones."""
-FLOP_KEYS = ("flops_vit", "flops_projector", "flops_decoder")
 COMPONENTS = ("ViT", "projector", "decoder", "optimizer", "data", "other")
-SUMMARY_KEYS = (*HEADLINE_KEYS, *TIME_KEYS, *FLOP_KEYS, "vlmtrain_host_s", "skipped_samples",
-                "truncated_samples")
+"""The names of TIME_KEYS' components, in order."""
 
 VAL_KEY = VAL_LM_LOSS
 """observe.metrics_callback's validation loss, on the row of the step an evaluation followed."""

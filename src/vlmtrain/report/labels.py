@@ -6,8 +6,9 @@ import re
 from collections import Counter
 
 from vlmtrain.config.groups import CHOSEN
+from vlmtrain.observe.run_summary import FLOP_KEYS, TIME_KEYS
 from vlmtrain.observe.timing import data_bound
-from vlmtrain.report.job import COMPONENTS, FLOP_KEYS, TIME_KEYS, Job, override_items
+from vlmtrain.report.job import COMPONENTS, Job, override_items
 
 NOT_IN_LABEL = {"model", "parallelism", "gpus_per_node", "nodes", "train.micro_batch_size", "dry_run", "output_dir",
                 "name"}

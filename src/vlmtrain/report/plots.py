@@ -6,7 +6,8 @@ import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vlmtrain.report.job import COMPONENTS, FLOP_KEYS, SECTIONS, TIME_KEYS, Job
+from vlmtrain.observe.run_summary import FLOP_KEYS, TIME_KEYS
+from vlmtrain.report.job import COMPONENTS, SECTIONS, Job
 from vlmtrain.report.labels import baseline_note, distinct_labels, facets
 
 if TYPE_CHECKING:

@@ -1,4 +1,4 @@
-"""What a reviewer checks on a sweep, section by section of its W&B views: the guidance's check in one line, then
+"""What a reviewer checks on a sweep, section by section of its W&B views: what to check, in one line, then
 what this sweep's jobs and runs say (markdown), from the numbers `vlmtrain report` computes."""
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from vlmtrain.config.groups import CHOSEN
-from vlmtrain.observe.run_summary import SKIP
-from vlmtrain.report.job import FLOP_KEYS, SECTIONS, STATUS, TIME_KEYS, Job
+from vlmtrain.observe.run_summary import FLOP_KEYS, SKIP, TIME_KEYS
+from vlmtrain.report.job import SECTIONS, STATUS, Job
 from vlmtrain.report.labels import baseline, describe, flags, layout_text, shown_elsewhere, split_kind, split_text
 from vlmtrain.report.plots import PLOTS, VALIDATION_PLOT
 from vlmtrain.report.sources import load_yaml

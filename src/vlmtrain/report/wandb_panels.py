@@ -92,7 +92,7 @@ class Section:
     panels: Callable[[], list[Any]]
     """Fresh panel objects (a workspace and a report each own theirs)."""
     check: Callable[[Sweep], str]
-    """The guidance's check and this sweep's verdict (review), as markdown."""
+    """What to check and this sweep's verdict (review), as markdown."""
 
 
 SECTIONS = (

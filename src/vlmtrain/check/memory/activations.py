@@ -105,7 +105,7 @@ def vit_padding_elems(run: RunConfig) -> float:
     """Extra elements per ViT block and patch under kernels.vit_attention_head_dim: TE keeps the padded q, k, v and
     output beside the unpadded tensors, plus the sliced output copy: 4 (D / d - 1) + 1 hidden widths. With
     Qwen3-VL-30B-A3B's shapes at 4 layers on one H200, 72 -> 128 raised the measured peak from 113.6 to 123.7 GiB
-    (results/perf_h200.jsonl, boot-4a774566); this term gives 10.0 GiB at the ~42k patches of a row's ~10.5k image
+    (results/perf_h200.jsonl); this term gives 10.0 GiB at the ~42k patches of a row's ~10.5k image
     tokens."""
     dim, own = run.kernels.vit_attention_head_dim, arch.vit_head_dim(run.model)
     if dim is None or dim == own:

@@ -1,8 +1,8 @@
 """Check: cross-group rules that stop bad combinations before they reach a cluster.
 
 Bridge validates only when ranks start, lets some settings fall back silently and accepts layouts that fail
-later (FSDP with PP, VPP not dividing the layers). Each rule encodes one line of the seed's Compatibility table
-or Pitfalls, or a Bridge/Megatron assert that would otherwise fire on the cluster. Rules never mutate; each
+later (FSDP with PP, VPP not dividing the layers). Each rule encodes a known incompatibility or pitfall
+of these stacks, or a Bridge/Megatron assert that would otherwise fire on the cluster. Rules never mutate; each
 message names the groups involved and the override that fixes it.
 
 `registry` holds the findings, the rule decorator and the checks; one module per concern registers its rules

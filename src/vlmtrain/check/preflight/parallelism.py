@@ -156,6 +156,6 @@ def etp_while_ep_fits(run: RunConfig, res: Resolved) -> str | None:
     wider = lay.ep * lay.etp
     if lay.etp > 1 and run.model.num_experts % wider == 0:
         return (f"parallelism.etp={lay.etp}: EP alone fits ({run.model.num_experts} experts divide by {wider}). "
-                "ETP adds communication and tuning surface; the seed uses it only when EP is not enough: try "
+                "ETP adds communication and tuning surface; use it only when EP is not enough: try "
                 f"parallelism.ep={wider} parallelism.etp=1.")
     return None

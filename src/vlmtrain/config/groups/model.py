@@ -224,7 +224,7 @@ def env(run: RunConfig) -> dict[str, str]:
 
 def apply(run: RunConfig, res: Resolved, cfg: ConfigContainer) -> None:
     cfg.model.seq_length = res.seq_length  # a packed run's row: CUDA graphs and pipeline buffers are capacity x 1
-    # mRoPE has no fused kernel in Bridge (runtime assert; ../shared/notes/STACK.md): kernels.rope replaces its path
+    # mRoPE has no fused kernel in Bridge (its runtime assert): kernels.rope replaces its path
     cfg.model.apply_rope_fusion = False
     if run.model.hf_path:  # Bridge loads an HF dir after the DDP/FSDP wrap; a checkpoint.load resume wins over it
         cfg.checkpoint.pretrained_checkpoint = run.model.hf_path

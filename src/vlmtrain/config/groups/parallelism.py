@@ -9,7 +9,7 @@
 
 | auto   | the default: `3d` on a one-GPU world (EP 1: 1.16x FSDP on one H200, Qwen3-VL-30B-A3B's shapes at 4     |
 |        | layers, results/tune_h200/report.md), else                                                              |
-|        | `fsdp` (the guidance's first layout), settled where the run is placed (check.defaults); unsettled: fsdp |
+|        | `fsdp` (a new run's first layout), settled where the run is placed (check.defaults); unsettled: fsdp    |
 
 `ep: null` means "auto": the largest degree dividing both the expert count and the ranks per pipeline stage.
 """
@@ -89,7 +89,7 @@ class ParallelismConfig:
 
 
 def is_fsdp(run: RunConfig) -> bool:
-    """Megatron-FSDP: parallelism=fsdp, or an auto not yet settled (check.defaults), which reads as the guidance's
+    """Megatron-FSDP: parallelism=fsdp, or an auto not yet settled (check.defaults), which reads as a new run's
     first layout."""
     return run.parallelism.kind in (Kind.fsdp, Kind.auto)
 

@@ -32,9 +32,8 @@ from vlmtrain.check import memory
 from vlmtrain.config.compose import compose
 from vlmtrain.config.resolve import Resolved, resolve
 from vlmtrain.config.schema import RunConfig
-from vlmtrain.lab import experiments, store
-from vlmtrain.lab.runner import ROOT
-from vlmtrain.observe import run_summary
+from vlmtrain.lab.kit import experiments, store
+from vlmtrain.lab.kit.runner import ROOT
 
 TARGET_PCT = 15.0
 COLLATE_PAD_MULTIPLE = 128
@@ -150,9 +149,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.table:
-        print(markdown_table(run_summary.read_jsonl(args.out)), end="")
+        print(markdown_table(store.read(args.out)), end="")
         return 0
-    records = [r for path in args.measured for r in store.latest(run_summary.read_jsonl(path)) if rebuildable(r)]
+    records = [r for path in args.measured for r in store.latest(store.read(path)) if rebuildable(r)]
     lengths_cache: dict[str, list[tuple[int, int]]] = {}
     rows = [row(r, lengths_cache, args.cache_dir.absolute()) for r in records]
     store.rewrite(args.out, rows)

@@ -23,8 +23,7 @@ from pathlib import Path
 from vlmtrain.config import architecture as arch
 from vlmtrain.config.resolve import Resolved
 from vlmtrain.config.schema import RunConfig
-from vlmtrain.lab import experiments, store
-from vlmtrain.lab.runner import ROOT
+from vlmtrain.lab.kit import experiments, store
 from vlmtrain.launch import local
 from vlmtrain.observe import run_summary
 
@@ -110,7 +109,7 @@ def flops_from_params(run: RunConfig, params: dict, batch: list[dict]) -> float:
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("run_dir", type=Path)
-    ap.add_argument("--results", type=Path, default=ROOT / "results" / "metrics_check.jsonl")
+    experiments.add_results(ap, "metrics_check.jsonl")
     ap.add_argument("--name", default=None)
     ap.add_argument("--skip", type=int, default=3, help="warm-up steps left out")
 

@@ -14,54 +14,65 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vlmtrain.lab import cases, runner, store
-from vlmtrain.lab.cases import INPUTS, Case
-from vlmtrain.lab.runner import ROOT
+from vlmtrain.lab.kit import baselines, experiments, runner, store
+from vlmtrain.lab.kit.baselines import INPUTS
+from vlmtrain.lab.kit.case import Case
 from vlmtrain.observe import run_summary
 
-TINY = [*cases.TINY, *cases.steps(10)]
-SHAPE_30B = [*cases.SHAPE_30B, *cases.steps(8)]
-SHAPE_35 = [*cases.SHAPE_35, *cases.steps(6)]
-SHAPE_235B = [*cases.SHAPE_235B, *cases.steps(6)]
+
+@dataclass(frozen=True)
+class Expected:
+    """A case of the suite (one GPU; a sweep's world is its node's, as a user leaves it) and what its run must end
+    with: `rc`, and `expect`: skipped_samples N, message (a regex the output must match), sweep_jobs N (a `-m`
+    sweep, checked by its preflight.json and report), max_first_step_s. `exclusive` ones run alone, the rest side by
+    side."""
+
+    case: Case
+    rc: int = 0
+    expect: dict[str, Any] = field(default_factory=dict)
+    exclusive: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.case.name
+
+
+def path(name: str, overrides: list[str], rc: int = 0, exclusive: bool = False, multirun: bool = False,
+         **expect: Any) -> Expected:
+    return Expected(Case(name, None if multirun else 1, overrides, multirun=multirun), rc, expect, exclusive)
+
+
+TINY = [*baselines.TINY, *baselines.steps(10)]
+SHAPE_30B = [*baselines.SHAPE_30B, *baselines.steps(8)]
+SHAPE_35 = [*baselines.SHAPE_35, *baselines.steps(6)]
+SHAPE_235B = [*baselines.SHAPE_235B, *baselines.steps(6)]
 CASES = [
-    Case("tiny_sample", 1, TINY),
-    Case("tiny_realistic", 1, [*TINY, "data=realistic"]),
-    Case("tiny_jsonl", 1, [*TINY, "data=jsonl", f"data.path={INPUTS}/jsonl/data.jsonl"]),
-    Case("tiny_parquet", 1, [*TINY, "data=parquet", f"data.path={INPUTS}/parquet/data.parquet"]),
-    Case("tiny_hf", 1, [*TINY, "data=hf", f"data.path={INPUTS}/hf"]),
-    Case("tiny_energon", 1, [*TINY, "data=energon", f"data.path={INPUTS}/energon"]),
-    Case("tiny_mock", 1, [*TINY, "data=mock"]),
-    Case("tiny_parquet_bad_skipped", 1, [*TINY, "data=parquet", f"data.path={INPUTS}/parquet_bad/data.parquet",
-                                         "data.skip_bad_images=true"], expect={"skipped_samples": 2}),
-    Case("tiny_parquet_bad_refused", 1, [*TINY, "data=parquet", f"data.path={INPUTS}/parquet_bad/data.parquet"],
-         expect_rc=2, expect={"message": r"parquet_bad/data\.parquet.*row \d+"}),
-    Case("tiny_sweep_mbs", 1, ["train.micro_batch_size=1,2", "train.iterations=6"], multirun=True,
-         expect={"sweep_jobs": 2}),
-    Case("30b-shape-l4_realistic", 1, SHAPE_30B, exclusive=True),
+    path("tiny_sample", TINY),
+    path("tiny_realistic", [*TINY, "data=realistic"]),
+    path("tiny_jsonl", [*TINY, "data=jsonl", f"data.path={INPUTS}/jsonl/data.jsonl"]),
+    path("tiny_parquet", [*TINY, "data=parquet", f"data.path={INPUTS}/parquet/data.parquet"]),
+    path("tiny_hf", [*TINY, "data=hf", f"data.path={INPUTS}/hf"]),
+    path("tiny_energon", [*TINY, "data=energon", f"data.path={INPUTS}/energon"]),
+    path("tiny_mock", [*TINY, "data=mock"]),
+    path("tiny_parquet_bad_skipped", [*TINY, "data=parquet", f"data.path={INPUTS}/parquet_bad/data.parquet",
+                                      "data.skip_bad_images=true"], skipped_samples=2),
+    path("tiny_parquet_bad_refused", [*TINY, "data=parquet", f"data.path={INPUTS}/parquet_bad/data.parquet"], rc=2,
+         message=r"parquet_bad/data\.parquet.*row \d+"),
+    path("tiny_sweep_mbs", ["train.micro_batch_size=1,2", "train.iterations=6"], multirun=True, sweep_jobs=2),
+    path("30b-shape-l4_realistic", SHAPE_30B, exclusive=True),
     # beside the tiny cases: its first run is mostly TileLang's kernel JIT (minutes), which the next case must skip
-    Case("qwen35-l4_first-run", 1, SHAPE_35),
-    Case("qwen35-l4_second-run", 1, SHAPE_35, exclusive=True, expect={"max_first_step_s": 60.0}),
-    Case("235b-l1_realistic", 1, SHAPE_235B, exclusive=True),
+    path("qwen35-l4_first-run", SHAPE_35),
+    path("qwen35-l4_second-run", SHAPE_35, exclusive=True, max_first_step_s=60.0),
+    path("235b-l1_realistic", SHAPE_235B, exclusive=True),
     # the kernels group on Qwen3.5: CUTLASS experts, fused router, TE cross entropy and RoPE, host ViT positions
-    Case("qwen35-l4_kernels-fast", 1, [*SHAPE_35, "kernels=fast"]),
-    Case("qwen35-l4_packing_refused", 1, [*SHAPE_35, "data.packing=8192"], expect_rc=2,
-         expect={"message": "qwen35_packing_unverified"}),
+    path("qwen35-l4_kernels-fast", [*SHAPE_35, "kernels=fast"]),
+    path("qwen35-l4_packing_refused", [*SHAPE_35, "data.packing=8192"], rc=2, message="qwen35_packing_unverified"),
 ]
-"""One GPU each; `exclusive` ones run alone, the rest side by side; a `multirun` one is a `-m` sweep, checked by its
-preflight.json and report; `expect`: skipped_samples N, message (a regex the output must match), sweep_jobs N,
-max_first_step_s."""
-
-
-def overrides(case: Case, inputs: Path) -> list[str]:
-    """The case's train.py overrides (one GPU, no W&B upload; `-m` for a sweep is runner's). A sweep leaves
-    gpus_per_node unset, as a user does: its preflight must count this node's GPUs."""
-    world = [] if case.multirun else [f"gpus_per_node={case.gpus}"]
-    return [*cases.with_inputs(case.overrides, inputs), *world, "wandb.enabled=false"]
 
 
 CASE_FILE = "case.json"
@@ -73,10 +84,10 @@ def recorded_rc(run_dir: Path) -> int:
     return json.loads((run_dir / CASE_FILE).read_text())["metrics"]["rc"]
 
 
-def outcome(case: Case, rc: int, run_dir: Path, wall_s: float) -> dict[str, Any]:
+def outcome(e: Expected, rc: int, run_dir: Path, wall_s: float) -> dict[str, Any]:
     """What the case's run dir says: rc, summary metrics, skipped samples, first step time, checks, sweep report."""
     log = (run_dir / "train.log").read_text(errors="replace")
-    job_dirs = sorted(p.parent for p in run_dir.glob("*/metrics.jsonl")) if case.multirun else [run_dir]
+    job_dirs = sorted(p.parent for p in run_dir.glob("*/metrics.jsonl")) if e.case.multirun else [run_dir]
     rows = run_summary.read_jsonl(job_dirs[0] / "metrics.jsonl") if job_dirs else []
     summary = run_summary.summarize(job_dirs[0]) if job_dirs else {}
     metrics: dict[str, Any] = {k: summary[k] for k in ("steps", "first_loss", "last_loss", "mfu", "peak_mem_gib",
@@ -88,7 +99,7 @@ def outcome(case: Case, rc: int, run_dir: Path, wall_s: float) -> dict[str, Any]
     out: dict[str, Any] = {"rc": rc, "wall_s": round(wall_s, 1), "metrics": metrics,
                            "checks": json.loads(checks_file.read_text()) if checks_file.exists() else {},
                            "log_tail": log[-3000:]}
-    if case.multirun:
+    if e.case.multirun:
         pre = run_dir / "preflight.json"
         out["sweep"] = {"jobs_with_metrics": len(job_dirs),
                         "preflight": json.loads(pre.read_text()) if pre.exists() else None,
@@ -96,15 +107,15 @@ def outcome(case: Case, rc: int, run_dir: Path, wall_s: float) -> dict[str, Any]
     return out
 
 
-def verdict(case: Case, got: dict[str, Any]) -> list[str]:
+def verdict(e: Expected, got: dict[str, Any]) -> list[str]:
     """What the case expected and did not see (empty: it passed)."""
     problems: list[str] = []
-    m, want = got["metrics"], case.expect
-    if got["rc"] != case.expect_rc:
-        problems.append(f"rc {got['rc']}, expected {case.expect_rc}")
+    m, want = got["metrics"], e.expect
+    if got["rc"] != e.rc:
+        problems.append(f"rc {got['rc']}, expected {e.rc}")
     if "message" in want and not re.search(want["message"], got["log_tail"]):
         problems.append(f"output does not match {want['message']!r}")
-    if case.expect_rc == 0:
+    if e.rc == 0:
         if not (m.get("first_loss") and m.get("last_loss") and m["last_loss"] < m["first_loss"]):
             problems.append(f"loss did not fall: {m.get('first_loss')} -> {m.get('last_loss')}")
         if not m.get("mfu") or not m.get("peak_mem_gib"):
@@ -128,37 +139,35 @@ def verdict(case: Case, got: dict[str, Any]) -> list[str]:
     return problems
 
 
-def run_cases(selected: list[Case], out: Path, results_path: Path, inputs: Path,
+def run_cases(selected: list[Expected], out: Path, results_path: Path, inputs: Path,
               commit: str) -> dict[str, list[str]]:
     """Run the cases (side-by-side ones first, then each exclusive one alone); one results row per case."""
-    cases.export_inputs(inputs)
+    baselines.export_inputs(inputs)
     problems: dict[str, list[str]] = {}
-    batches = [[c for c in selected if not c.exclusive], *([c] for c in selected if c.exclusive)]
+    batches = [[e for e in selected if not e.exclusive], *([e] for e in selected if e.exclusive)]
     for batch in (b for b in batches if b):
-        started = [(c, runner.start(overrides(c, inputs), out / c.name, multirun=c.multirun, fresh=True))
-                   for c in batch]
-        for case, started_run in started:
+        started = [(e, runner.start(baselines.with_inputs(e.case, inputs), out / e.name, fresh=True)) for e in batch]
+        for e, started_run in started:
             rc, run_dir = started_run.wait(), started_run.run_dir
-            got = outcome(case, rc, run_dir, started_run.wall_s())
-            problems[case.name] = verdict(case, got)
+            got = outcome(e, rc, run_dir, started_run.wall_s())
+            problems[e.name] = verdict(e, got)
             metrics = {"rc": got["rc"], **got["metrics"], "wall_s": got["wall_s"]}
-            command = runner.recorded(overrides(case, Path("<inputs>")), multirun=case.multirun)
-            row = store.append(results_path, case.name, command, metrics, commit=commit,
-                                 ok=not problems[case.name], problems=problems[case.name],
-                                 side_by_side=[c.name for c in batch] if len(batch) > 1 else [],
-                                 **({"sweep": got["sweep"]} if case.multirun else {}))
+            command = runner.recorded(baselines.with_inputs(e.case, "<inputs>"))
+            row = store.append(results_path, e.name, command, metrics, commit=commit,
+                               ok=not problems[e.name], problems=problems[e.name],
+                               side_by_side=[b.name for b in batch] if len(batch) > 1 else [],
+                               **({"sweep": got["sweep"]} if e.case.multirun else {}))
             (run_dir / CASE_FILE).write_text(json.dumps(row, indent=1) + "\n")  # the run dir keeps its own row
-            print(f"[acceptance] {case.name}: {'ok' if not problems[case.name] else problems[case.name]} "
+            print(f"[acceptance] {e.name}: {'ok' if not problems[e.name] else problems[e.name]} "
                   f"{json.dumps(metrics)}", flush=True)
     return problems
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--only", nargs="*", help="case names (substring match)")
-    ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "acceptance")
-    ap.add_argument("--results", type=Path, default=ROOT / "results" / "gpu_acceptance.jsonl")
-    ap.add_argument("--commit", default=os.environ.get("VLMTRAIN_COMMIT", "unknown"),
-                    help="the commit the run dirs were made with (recorded in every row)")
+    experiments.add_out(ap, "acceptance")
+    experiments.add_results(ap, "gpu_acceptance.jsonl")
+    experiments.add_commit(ap)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -18,37 +18,41 @@ import hashlib
 import re
 from pathlib import Path
 
-from vlmtrain.lab import cases, runner
-from vlmtrain.lab.cases import INPUTS, Case
-from vlmtrain.lab.runner import ROOT
+from vlmtrain.lab.kit import baselines, runner
+from vlmtrain.lab.kit.baselines import INPUTS, SHAPE_30B, TINY
+from vlmtrain.lab.kit.case import Case
+from vlmtrain.lab.kit.runner import ROOT
+
+
+def dry(name: str, overrides: list[str]) -> Case:
+    """A dry run on the world its overrides declare (gpus_per_node where they name one, else the hardware's)."""
+    return Case(name, None, overrides, dry_run=True)
+
 
 CASES = [
-    Case("tiny_defaults", overrides=cases.TINY),
-    Case("tiny_3d_fast_selective_graph", overrides=[*cases.TINY, "parallelism=3d", "kernels=fast",
-                                                    "recompute=selective", "cuda_graph=moe_router_preprocess",
-                                                    "dispatcher=alltoall", "hardware=h100"]),
-    Case("tiny_jsonl_frozen", overrides=[*cases.TINY, "data=jsonl", f"data.path={INPUTS}/jsonl/data.jsonl",
-                                         "vision=frozen"]),
-    Case("tiny_parquet_full_recompute", overrides=[*cases.TINY, "data=parquet",
-                                                   f"data.path={INPUTS}/parquet/data.parquet", "recompute=full",
-                                                   "vision=frozen_with_projector"]),
-    Case("tiny_hf", overrides=[*cases.TINY, "data=hf", f"data.path={INPUTS}/hf"]),
-    Case("tiny_jsonl_packed", overrides=[*cases.TINY, "data=jsonl", f"data.path={INPUTS}/jsonl/data.jsonl",
-                                         "data.packing=2048", "train.micro_batch_size=1"]),
-    Case("tiny_energon", overrides=[*cases.TINY, "data=energon", f"data.path={INPUTS}/energon"]),
-    Case("30b_l4_realistic_fp8_3d", 2, [*cases.SHAPE_30B, "precision=fp8", "parallelism=3d", "gpus_per_node=2"]),
-    Case("35b_l4_mock_b200_mxfp8", 8, ["model=qwen35_vl_35b_a3b", "model.num_layers=4", "data=mock", "hardware=b200",
-                                       "precision=mxfp8", "dispatcher=deepep", "gpus_per_node=8",
-                                       "cuda_graph=attn_moe_router_preprocess"]),
-    Case("235b_l3_gb200_nvfp4_hybridep", 8, ["model=qwen3_vl_235b_a22b", "model.num_layers=3", "hardware=gb200",
-                                             "precision=nvfp4", "dispatcher=hybridep", "nodes=2", "data=mock"]),
-    Case("experiment_perf_h200_best", overrides=["experiment=perf_h200_best"]),
-    Case("experiment_perf_h200x2_best", overrides=["experiment=perf_h200x2_best"]),
-    Case("experiment_fsdp_first_gb200", overrides=["experiment=fsdp_first_gb200"]),
-    Case("experiment_3d_gb200", overrides=["experiment=3d_gb200"]),
-    Case("experiment_tune_h1", overrides=["experiment=tune_h1"]),
+    dry("tiny_defaults", TINY),
+    dry("tiny_3d_fast_selective_graph", [*TINY, "parallelism=3d", "kernels=fast", "recompute=selective",
+                                         "cuda_graph=moe_router_preprocess", "dispatcher=alltoall", "hardware=h100"]),
+    dry("tiny_jsonl_frozen", [*TINY, "data=jsonl", f"data.path={INPUTS}/jsonl/data.jsonl", "vision=frozen"]),
+    dry("tiny_parquet_full_recompute", [*TINY, "data=parquet", f"data.path={INPUTS}/parquet/data.parquet",
+                                        "recompute=full", "vision=frozen_with_projector"]),
+    dry("tiny_hf", [*TINY, "data=hf", f"data.path={INPUTS}/hf"]),
+    dry("tiny_jsonl_packed", [*TINY, "data=jsonl", f"data.path={INPUTS}/jsonl/data.jsonl", "data.packing=2048",
+                              "train.micro_batch_size=1"]),
+    dry("tiny_energon", [*TINY, "data=energon", f"data.path={INPUTS}/energon"]),
+    dry("30b_l4_realistic_fp8_3d", [*SHAPE_30B, "precision=fp8", "parallelism=3d", "gpus_per_node=2"]),
+    dry("35b_l4_mock_b200_mxfp8", ["model=qwen35_vl_35b_a3b", "model.num_layers=4", "data=mock", "hardware=b200",
+                                   "precision=mxfp8", "dispatcher=deepep", "gpus_per_node=8",
+                                   "cuda_graph=attn_moe_router_preprocess"]),
+    dry("235b_l3_gb200_nvfp4_hybridep", ["model=qwen3_vl_235b_a22b", "model.num_layers=3", "hardware=gb200",
+                                         "precision=nvfp4", "dispatcher=hybridep", "nodes=2", "data=mock"]),
+    dry("experiment_perf_h200_best", ["experiment=perf_h200_best"]),
+    dry("experiment_perf_h200x2_best", ["experiment=perf_h200x2_best"]),
+    dry("experiment_fsdp_first_gb200", ["experiment=fsdp_first_gb200"]),
+    dry("experiment_3d_gb200", ["experiment=3d_gb200"]),
+    dry("experiment_tune_h1", ["experiment=tune_h1"]),
 ]
-"""Dry runs: each on the world its overrides declare (`gpus` says so where they name one)."""
+"""Dry runs: each on the world its overrides declare."""
 BINS_FILE = re.compile(r"^(\s*bins_file: )(\S+)$", re.M)
 
 
@@ -65,15 +69,14 @@ def write(out: Path, only: list[str] | None = None, checkout: Path = ROOT, input
     the packed cases' bins cache key holds the data files' modification times."""
     out.mkdir(parents=True, exist_ok=True)
     inputs = inputs or out / "inputs"
-    cases.export_inputs(inputs)
+    baselines.export_inputs(inputs)
     failed = []
     for case in CASES:
         if only and case.name not in only:
             continue
         name, run_dir = case.name, out / "runs" / case.name
-        run = runner.start([*cases.with_inputs(case.overrides, inputs), "dry_run=true", "wandb.enabled=false"], run_dir,
-                           log=out / "logs" / f"{name}.log", env={"PYTHONPATH": str(checkout / "src")},
-                           checkout=checkout, fresh=True)
+        run = runner.start(baselines.with_inputs(case, inputs), run_dir, log=out / "logs" / f"{name}.log",
+                           env={"PYTHONPATH": str(checkout / "src")}, checkout=checkout, fresh=True)
         rc, yaml = run.wait(), run_dir / "bridge_config.yaml"
         if rc != 0 or not yaml.is_file():
             failed.append(name)

@@ -23,17 +23,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vlmtrain.lab import runner
-from vlmtrain.lab.checks.resume import (
-    TOLERANCE,
-    data_position,
-    launch,
-    losses,
-    max_loss_diff,
-    overrides,
-    samples,
-    tracker,
-)
+from vlmtrain.lab.checks.resume import TOLERANCE, case, data_position, launch, losses, max_loss_diff, samples, tracker
+from vlmtrain.lab.kit import runner
+from vlmtrain.lab.kit.case import Case
 
 ITERATIONS, SAVE_INTERVAL = 8, 2
 """Checkpoints at steps 2, 4, 6, 8: the first one complete, the kill lands in the write of the next."""
@@ -41,7 +33,7 @@ ATTEMPTS = 2
 TIMEOUT_S = 180
 """A run's limit (startup ~30-40 s, 8 tiny steps, 4 checkpoints of an estimated ~1 GiB each: the 151936-token vocab's
 embedding and output layer with their fp32 copies and Adam states)."""
-MODES: dict[str, tuple[str, list[str]]] = {
+MODES: dict[str, tuple[str, list[str]]] = {  # mode -> (parallelism, overrides it adds)
     "3d": ("3d", []),  # torch_dist, sync save
     "3d_async": ("3d", ["+bridge.checkpoint.async_save=true"]),  # torch_dist through the persistent async writer
     "fsdp": ("fsdp", []),  # fsdp_dtensor, sync save
@@ -96,18 +88,21 @@ def kill_mid_checkpoint(out: Path, mode: str, gpu: int = 0) -> tuple[bool, dict[
     parallelism, extra = MODES[mode]
     out = out / f"kill_ckpt_{mode}"
     say = lambda msg: print(f"[kill_ckpt {mode}] {msg}", flush=True)  # noqa: E731
-    args = lambda ckpt: [*overrides(parallelism, ckpt, iterations=ITERATIONS, save_interval=SAVE_INTERVAL), *extra]  # noqa: E731
+    def run(ckpt: Path) -> Case:
+        return case(f"kill_ckpt_{mode}", parallelism, ckpt, iterations=ITERATIONS, save_interval=SAVE_INTERVAL
+                    ).plus(*extra)
+
     metrics: dict[str, Any] = {"mode": mode, "iterations": ITERATIONS, "save_interval": SAVE_INTERVAL}
-    b_args, procs = args(out / "ckpt_b1"), []
+    b, procs = run(out / "ckpt_b1"), []
     try:
-        run_a = launch(args(out / "ckpt_a"), out / "a", gpu)
+        run_a = launch(run(out / "ckpt_a"), out / "a", gpu)
         procs.append(run_a)
         import megatron.bridge.training.checkpointing  # noqa: F401 - for bridge_pick: now, not between kill and relaunch
         seen, landed = None, False
         for attempt in range(1, ATTEMPTS + 1):
             ckpt, killed_dir = out / f"ckpt_b{attempt}", out / f"b_killed{attempt}"
-            b_args = args(ckpt)
-            run_b = launch(b_args, killed_dir, gpu)
+            b = run(ckpt)
+            run_b = launch(b, killed_dir, gpu)
             procs.append(run_b)
             say(f"attempt {attempt}: run B started, watching {ckpt}")
             seen = watch(run_b, ckpt, time.time() + TIMEOUT_S)
@@ -118,7 +113,7 @@ def kill_mid_checkpoint(out: Path, mode: str, gpu: int = 0) -> tuple[bool, dict[
                 if ended != 0:  # it failed, or did not get through its checkpoints in time: a retry would too
                     metrics["reason"] = (f"run B {'failed' if ended else 'timed out'} (rc {ended}) before a "
                                          f"checkpoint write was seen: {killed_dir / 'train.log'}")
-                    return False, metrics, runner.recorded(b_args)
+                    return False, metrics, runner.recorded(b)
                 continue
             metrics |= seen | partial_state(iter_dirs(ckpt)[seen["target_step"]])
             landed = tracker(ckpt) == seen["tracker_at_kill"] and not metrics["partial_has_train_state"]
@@ -129,13 +124,13 @@ def kill_mid_checkpoint(out: Path, mode: str, gpu: int = 0) -> tuple[bool, dict[
         metrics["kill_landed_mid_write"] = landed
         if not landed:
             metrics["reason"] = f"no kill landed mid-write in {ATTEMPTS} attempts"
-            return False, metrics, runner.recorded(b_args)
+            return False, metrics, runner.recorded(b)
         n = seen["tracker_at_kill"]
         metrics["tracker_after_kill"] = tracker(ckpt)
         metrics |= bridge_pick(ckpt, "fsdp_dtensor" if parallelism == "fsdp" else "torch_dist")
         say(f"Bridge's loader picks {metrics['bridge_loads']}; relaunching")
         resumed_dir = out / "b_resumed"
-        run_r = launch(b_args, resumed_dir, gpu)
+        run_r = launch(b, resumed_dir, gpu)
         procs.append(run_r)
         metrics["rc_resumed"] = run_r.wait(TIMEOUT_S)
         metrics["rc_uninterrupted"] = run_a.wait(TIMEOUT_S)
@@ -164,10 +159,10 @@ def kill_mid_checkpoint(out: Path, mode: str, gpu: int = 0) -> tuple[bool, dict[
         if ok:  # ~1 GiB (estimated) per checkpoint, 4 per run: a passed mode's go, a failed one's stay to be looked at
             for d in out.glob("ckpt_*"):
                 shutil.rmtree(d)
-        return ok, metrics, runner.recorded(b_args)
+        return ok, metrics, runner.recorded(b)
     except Exception as e:  # noqa: BLE001 - any failure is the row's reason, never a crash without a row
         metrics["reason"] = f"{type(e).__name__}: {e}"
-        return False, metrics, runner.recorded(b_args)
+        return False, metrics, runner.recorded(b)
     finally:
         for p in procs:
             if p.poll() is None:

@@ -49,10 +49,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vlmtrain.lab import cases, experiments, runner, store
-from vlmtrain.lab.cases import Case
 from vlmtrain.lab.checks import packing_harness as harness
-from vlmtrain.lab.runner import ROOT
+from vlmtrain.lab.kit import baselines, experiments, runner, store
+from vlmtrain.lab.kit.case import Case, placed_resolved
+from vlmtrain.lab.kit.runner import ROOT
 
 BASE = [
     "data=realistic",
@@ -78,17 +78,17 @@ def case(name: str, overrides: list[str]) -> Case:
 
 
 CASES = [
-    case("tiny_kernels-default", [*cases.TINY, "kernels=default"]),
-    case("tiny_kernels-fast", [*cases.TINY, "kernels=fast"]),
+    case("tiny_kernels-default", [*baselines.TINY, "kernels=default"]),
+    case("tiny_kernels-fast", [*baselines.TINY, "kernels=fast"]),
     # 4 layers: the fewest that hold the 3 deepstack layers (preflight deepstack_on_first_stage)
-    case("30b-shape-l4_kernels-default", [*cases.L4_30B, "kernels=default"]),
-    case("30b-shape-l4_kernels-fast", [*cases.L4_30B, "kernels=fast"]),
+    case("30b-shape-l4_kernels-default", [*baselines.L4_30B, "kernels=default"]),
+    case("30b-shape-l4_kernels-fast", [*baselines.L4_30B, "kernels=fast"]),
     # Qwen3.5 (Gated DeltaNet 3:1 full attention): preflight refuses its packing until these pass
-    case("tiny-qwen35_kernels-default", [*cases.TINY_QWEN35, "kernels=default"]),
-    case("h2-shape-l4_kernels-default", [*cases.L4_35, "kernels=default"]),
-    case("h2-shape-l4_kernels-fast", [*cases.L4_35, "kernels=fast"]),
+    case("tiny-qwen35_kernels-default", [*baselines.TINY_QWEN35, "kernels=default"]),
+    case("h2-shape-l4_kernels-default", [*baselines.L4_35, "kernels=default"]),
+    case("h2-shape-l4_kernels-fast", [*baselines.L4_35, "kernels=fast"]),
     # one H100: the precision-aware optimizer's 16-bit remainders (exact) leave room for the training rounds
-    case("h2-shape-l2-gdn-attn_kernels-default", [*cases.L2_35, "kernels=default",
+    case("h2-shape-l2-gdn-attn_kernels-default", [*baselines.L2_35, "kernels=default",
                                                    "precision.precision_aware_optimizer=true"]),
 ]
 
@@ -109,13 +109,13 @@ def run_cases(only: list[str] | None, results_path: Path, commit: str, budget_s:
         if only and c.name not in only:
             continue
         name, run_dir = c.name, ROOT / "outputs" / "packing_equivalence" / c.name
-        run, res = cases.placed_resolved(c.overrides, output_dir=str(run_dir))
+        run, res = placed_resolved(c.overrides, output_dir=str(run_dir))
         preflight.enforce(run, res)
         prepare.prepare(run, res)
         result = run_dir / harness.RESULT
         result.unlink(missing_ok=True)
         os.environ[harness.DEADLINE_ENV] = str(time.time() + budget_s)
-        ranks = runner.start_ranks(run, res, c.module, log=run_dir / LOG, timeout_s=budget_s)
+        ranks = runner.start_ranks(c, run, res, log=run_dir / LOG, timeout_s=budget_s)
         at = results_path.stat().st_size if results_path.exists() else 0
         command = f"{experiments.command(__name__)} --only {name}"
         seen = None
@@ -153,8 +153,8 @@ def _write(results: Path, at: int, name: str, command: str, commit: str, overrid
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--only", nargs="*", choices=[c.name for c in CASES], help="case names (default: every case)")
-    ap.add_argument("--results", type=Path, default=ROOT / "results" / "packing_equivalence.jsonl")
-    ap.add_argument("--commit", default=os.environ.get("VLMTRAIN_COMMIT", "unknown"))
+    experiments.add_results(ap, "packing_equivalence.jsonl")
+    experiments.add_commit(ap)
     ap.add_argument("--budget-s", type=float, default=540.0,
                     help="wall seconds per case, startup included: no round starts that would end past it, and the "
                     "rank is killed at it (its row keeps every state measured)")

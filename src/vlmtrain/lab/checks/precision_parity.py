@@ -1,35 +1,34 @@
 """FP8 recipes vs BF16 on one H200: loss parity over 100+ steps, then speed and peak memory at equal useful work.
 
     vlmtrain lab precision-parity parity [--only NAME ...]          # one 100-step run per recipe
-    vlmtrain lab precision-parity speed --repeats 2 [--only NAME ...]  # more short runs (appended)
+    vlmtrain lab precision-parity speed --repeats 3 [--only NAME ...]  # short runs, 3 per recipe and machine run
     vlmtrain lab precision-parity summarize                          # medians, ratios, parity -> rows
 
-Every run is `python train.py` on the 30B-A3B layer shapes at 4 decoder layers, real images (data=realistic),
-MBS 1, GBS 1, the same seed and data order for every recipe, one run after another. Run dirs go under
-outputs/precision/<machine run>/<mode>/<recipe>-<i> (case.json: rc, command, the GPU machine and the machine run,
-vlmtrain.lab.store.machine_run); `summarize` (on any machine) appends to results/precision_h200.jsonl one row per
-run and one summary row per recipe and machine run: the median of its speed runs' steady step_s / useful tokens/s
-with the min-max spread, the speed ratio against BF16's median on the same machine run and samples, the peak memory
-of all its runs, and the loss parity of its 100-step run against BF16's: the largest absolute difference of the two
-loss curves after a centred moving average (PARITY_WINDOW).
+Every run is `python train.py` on the 30B-A3B layer shapes at 4 decoder layers, real images (data=realistic), MBS 1, GBS
+1, the same seed and data order for every recipe, one run after another. Run dirs go under outputs/precision/<machine
+run>/<mode>/<recipe>-<i> (case.json: rc, command, the machine and the machine run,
+vlmtrain.lab.kit.store.machine_run), through vlmtrain.lab.kit.schedule: `--repeats N` runs of each recipe per mode and
+machine run, those already in the run dirs not run again; `summarize` (on any machine) appends to
+results/precision_h200.jsonl one row per run and one summary row per recipe and machine run: the median of its speed
+runs' steady step_s / useful tokens/s with the min-max spread, the speed ratio against BF16's median on the same machine
+run and samples, the peak memory of all its runs, and the loss parity of its 100-step run against BF16's: the largest
+absolute difference of the two loss curves after a centred moving average (PARITY_WINDOW).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 from pathlib import Path
 
-from vlmtrain.lab import cases, experiments, repeats, runner, store
-from vlmtrain.lab.cases import Case
-from vlmtrain.lab.runner import ROOT
+from vlmtrain.lab.kit import baselines, experiments, runner, schedule, store
+from vlmtrain.lab.kit.case import Case
+from vlmtrain.lab.kit.runner import ROOT
 from vlmtrain.observe import run_summary
 
 OUT = ROOT / "outputs" / "precision"
-BASE = [*cases.SHAPE_30B, "train.micro_batch_size=1", "train.global_batch_size=1", "gpus_per_node=1",
-        "wandb.enabled=false"]
+BASE = [*baselines.SHAPE_30B, "train.micro_batch_size=1", "train.global_batch_size=1"]
 RECIPES = [Case("bf16", 1, [*BASE, "precision=bf16"]), Case("fp8-tensorwise", 1, [*BASE, "precision=fp8"]),
            Case("fp8-blockwise", 1, [*BASE, "precision=fp8", "precision.scaling=blockwise"]),
            Case("fp8-delayed", 1, [*BASE, "precision=fp8", "precision.scaling=delayed"])]
@@ -42,21 +41,22 @@ PARITY_TOLERANCE_NATS = 0.05
 (~4.5 nats) these runs reach at step 100."""
 
 
-def next_index(mode: str, recipe: str) -> int:
-    """The first unused run number of this machine run, so that repeats split over several calls add runs."""
-    return sum(1 for _ in (OUT / store.machine_run() / mode).glob(f"{recipe}-*/case.json"))
+def recorded(where: Path, recipe: Case) -> int:
+    """The runs of a recipe a mode's folder of one machine run holds (each a case.json)."""
+    return sum(1 for _ in where.glob(f"{recipe.name}-*/case.json"))
 
 
-def run_case(mode: str, recipe: str) -> dict[str, object]:
-    i = next_index(mode, recipe)
-    overrides = [*next(c for c in RECIPES if c.name == recipe).overrides, f"train.iterations={STEPS[mode]}"]
-    run = runner.start(overrides, OUT / store.machine_run() / mode / f"{recipe}-{i}")
+def run_case(recipe: Case, mode: str, i: int, where: Path, machine_run: str) -> bool:
+    """Run i of a recipe in a mode (its iterations), into where/<recipe>-<i> with its case.json; whether it
+    exited 0."""
+    case = recipe.plus(f"train.iterations={STEPS[mode]}")
+    run = runner.start(case, where / f"{recipe.name}-{i}")
     rc = run.wait()
-    meta = {"mode": mode, "recipe": recipe, "i": i, "rc": rc, "wall_s": round(run.wall_s(), 1),
-            "command": runner.recorded(overrides), "machine": store.machine(), "machine_run": store.machine_run()}
+    meta = {"mode": mode, "recipe": recipe.name, "i": i, "rc": rc, "wall_s": round(run.wall_s(), 1),
+            "command": runner.recorded(case), "machine": store.machine(), "machine_run": machine_run}
     (run.run_dir / "case.json").write_text(json.dumps(meta))
-    print(f"[precision] {mode} {recipe} #{i}: rc {rc}, {meta['wall_s']} s", flush=True)
-    return meta
+    print(f"[precision] {mode} {recipe.name} #{i}: rc {rc}, {meta['wall_s']} s", flush=True)
+    return rc == 0
 
 
 def smoothed(losses: list[float], window: int = PARITY_WINDOW) -> list[float]:
@@ -124,8 +124,8 @@ def speed(timed: list[dict], bf16: list[dict]) -> dict[str, object]:
         return {}
     out: dict[str, object] = {
         "speed_runs": len(timed),
-        **repeats.spread([s["useful_tokens_per_s_per_gpu"] for s in timed], "useful_tokens_per_s_per_gpu"),
-        **repeats.spread([s["step_s"] for s in timed], "step_s"),
+        **schedule.spread([s["useful_tokens_per_s_per_gpu"] for s in timed], "useful_tokens_per_s_per_gpu"),
+        **schedule.spread([s["step_s"] for s in timed], "step_s"),
         "mfu": statistics.median(s["mfu"] for s in timed),
         "mfu_precision_peak": statistics.median(s["mfu_precision_peak"] for s in timed)}
     if bf16 and {s["steady_nonpad_tokens"] for s in timed} == {s["steady_nonpad_tokens"] for s in bf16}:
@@ -137,16 +137,24 @@ def speed(timed: list[dict], bf16: list[dict]) -> dict[str, object]:
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("mode", choices=["parity", "speed", "summarize"])
     ap.add_argument("--only", nargs="*", default=[c.name for c in RECIPES])
-    ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--machine-run", nargs="*", help="summarize: write rows for these machine runs only")
+    schedule.add_flags(ap, 1, "recipe", tag=False)
+    ap.add_argument("--machine-run", nargs="*", help="parity, speed: the machine run these runs belong to (one tag; "
+                    "default: this host and GPUs' batch in outputs/precision, else a new one); summarize: write rows "
+                    "for these machine runs only")
     ap.add_argument("--summaries-only", action="store_true", help="summarize: no per-run rows")
-    ap.add_argument("--results", type=Path, default=ROOT / "results" / "precision_h200.jsonl")
-    ap.add_argument("--commit", default=os.environ.get("VLMTRAIN_COMMIT", "unknown"))
+    experiments.add_results(ap, "precision_h200.jsonl")
+    experiments.add_commit(ap)
 
 
 def run(args: argparse.Namespace) -> int:
     if args.mode == "summarize":
         summarize(args.results, args.commit, args.machine_run, run_rows=not args.summaries_only)
         return 0
-    metas = [run_case(args.mode, r) for _ in range(args.repeats) for r in args.only]
-    return int(any(m["rc"] for m in metas))
+    seen = sorted(p.name for p in OUT.iterdir()) if OUT.is_dir() else []
+    machine_run = store.machine_run((args.machine_run or [None])[0], seen)
+    where = OUT / machine_run / args.mode
+    recipes = [c for c in RECIPES if c.name in args.only]
+    todo = schedule.pending(recipes, args.repeats, lambda c: recorded(where, c), "precision", machine_run)
+    failed = schedule.run(todo, lambda c, i: run_case(c, args.mode, i, where, machine_run), repeats=args.repeats,
+                          tag="precision", machine_run=machine_run, budget_s=args.budget_s)
+    return int(bool(failed))

@@ -32,12 +32,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from vlmtrain.lab import cases, experiments, runner, store
 from vlmtrain.lab.checks.kill_checkpoint import MODES, kill_mid_checkpoint
-from vlmtrain.lab.runner import ROOT
+from vlmtrain.lab.kit import experiments, runner, store
+from vlmtrain.lab.kit.baselines import TINY
+from vlmtrain.lab.kit.case import Case
 from vlmtrain.observe import failure, run_summary, timing
 
-TINY_RUN = [*cases.TINY, "gpus_per_node=1", "dry_run=false", "train.global_batch_size=2", "train.micro_batch_size=1"]
 SECRETS = {"WANDB_API_KEY": "wandb-gpu-planted-7d6c5b4a", "HF_TOKEN": "hf_gpuPlantedToken3e2d1c",
            "HUGGING_FACE_HUB_TOKEN": "hfhub-gpu-planted-9f8e7d"}
 SECRET_OVERRIDES = ["+bridge.logger.wandb_exp_name=exp-${oc.env:HF_TOKEN}",
@@ -45,18 +45,23 @@ SECRET_OVERRIDES = ["+bridge.logger.wandb_exp_name=exp-${oc.env:HF_TOKEN}",
 NAN_INIT = "+bridge.model.init_method_std=1e20"
 
 
-def train(run_dir: Path, overrides: list[str], env: dict[str, str] | None = None) -> tuple[int, str]:
-    """`python train.py <overrides>` into run_dir, its output in run_dir/console.txt; (exit status, its output)."""
-    run = runner.start(overrides, run_dir, log=run_dir / "console.txt", env=env)
+def tiny(name: str, *overrides: str) -> Case:
+    """A check's run: the tiny model on one GPU, 2 samples a step in micro-batches of 1."""
+    return Case(name, 1, [*TINY, "train.global_batch_size=2", "train.micro_batch_size=1", *overrides], dry_run=False)
+
+
+def train(run_dir: Path, case: Case, env: dict[str, str] | None = None) -> tuple[int, str]:
+    """The case's run into run_dir, its output in run_dir/console.txt; (exit status, its output)."""
+    run = runner.start(case, run_dir, log=run_dir / "console.txt", env=env)
     rc = run.wait()
     return rc, run.log.read_text(errors="replace")
 
 
 def secrets(out: Path) -> tuple[bool, dict[str, Any], str]:
     ckpt = out / "secrets_ckpt"
-    overrides = [*TINY_RUN, "train.iterations=4", "train.save_interval=2", f"train.checkpoint_dir={ckpt}",
-                 "wandb.mode=offline", *SECRET_OVERRIDES]
-    rc, output = train(out / "secrets", overrides, SECRETS)
+    case = tiny("secrets", "train.iterations=4", "train.save_interval=2", f"train.checkpoint_dir={ckpt}",
+                "wandb.mode=offline", *SECRET_OVERRIDES)  # W&B on, offline: its files are searched too
+    rc, output = train(out / "secrets", case, SECRETS)
     files = [p for root in (out / "secrets", ckpt) for p in root.rglob("*") if p.is_file()]
     hits = {name: [str(p) for p in files if v.encode() in p.read_bytes()] + (["output"] if v in output else [])
             for name, v in SECRETS.items()}
@@ -64,13 +69,13 @@ def secrets(out: Path) -> tuple[bool, dict[str, Any], str]:
     redacted = bool(configs) and all("<redacted>" in p.read_text() for p in configs)
     metrics = {"rc": rc, "files_searched": len(files), "checkpoint_run_configs": len(configs),
                "checkpoint_configs_redacted": redacted, "leaks": {k: v for k, v in hits.items() if v}}
-    return rc == 0 and redacted and not metrics["leaks"], metrics, runner.recorded(overrides)
+    return rc == 0 and redacted and not metrics["leaks"], metrics, runner.recorded(case)
 
 
 def nonfinite_stop(out: Path, mode: str = "stop") -> tuple[bool, dict[str, Any], str]:
-    overrides = [*TINY_RUN, "train.iterations=3", "wandb.enabled=false", NAN_INIT, f"train.on_nonfinite={mode}"]
     run_dir = out / ("nonfinite_stop" if mode == "stop" else f"nonfinite_{mode}")
-    rc, output = train(run_dir, overrides)
+    case = tiny(run_dir.name, "train.iterations=3", NAN_INIT, f"train.on_nonfinite={mode}")
+    rc, output = train(run_dir, case)
     recs = failure.read(run_dir)
     rec = recs[0] if recs else {}
     ids = [i for mb in rec.get("micro_batches", []) for i in mb]
@@ -80,23 +85,23 @@ def nonfinite_stop(out: Path, mode: str = "stop") -> tuple[bool, dict[str, Any],
     ok = (rc == failure.EXIT["nonfinite"] and rec.get("kind") == "nonfinite" and rec.get("step") == 0 and bool(ids)
           and all(isinstance(i, int) for i in ids) and rec.get("last_checkpoint") == "none"
           and metrics["paragraph_in_log"])
-    return ok, metrics, runner.recorded(overrides)
+    return ok, metrics, runner.recorded(case)
 
 
 def nonfinite_skip(out: Path) -> tuple[bool, dict[str, Any], str]:
-    overrides = [*TINY_RUN, "train.iterations=3", "wandb.enabled=false", NAN_INIT, "train.on_nonfinite=skip"]
-    rc, _ = train(out / "nonfinite_skip", overrides)
+    case = tiny("nonfinite_skip", "train.iterations=3", NAN_INIT, "train.on_nonfinite=skip")
+    rc, _ = train(out / "nonfinite_skip", case)
     rows = run_summary.read_jsonl(out / "nonfinite_skip" / "metrics.jsonl")
     skipped = [r.get("skipped_steps") for r in rows]
     metrics = {"rc": rc, "steps": len(rows), "skipped_steps": skipped,
                "records": len(failure.read(out / "nonfinite_skip"))}
-    return rc == 0 and len(rows) == 3 and skipped == [1, 2, 3], metrics, runner.recorded(overrides)
+    return rc == 0 and len(rows) == 3 and skipped == [1, 2, 3], metrics, runner.recorded(case)
 
 
 def oom(out: Path) -> tuple[bool, dict[str, Any], str]:
-    overrides = [*TINY_RUN, "train.micro_batch_size=256", "train.global_batch_size=256", "train.iterations=2",
-                 "data.pad_to_max_length=true", "wandb.enabled=false", "preflight.ignore=[memory_fits]"]
-    rc, output = train(out / "oom", overrides)
+    case = tiny("oom", "train.micro_batch_size=256", "train.global_batch_size=256", "train.iterations=2",
+                "data.pad_to_max_length=true", "preflight.ignore=[memory_fits]")
+    rc, output = train(out / "oom", case)
     recs = failure.read(out / "oom")
     rec = recs[0] if recs else {}
     metrics = {"rc": rc, "records": len(recs), "kind": rec.get("kind"), "component": rec.get("component"),
@@ -104,7 +109,7 @@ def oom(out: Path) -> tuple[bool, dict[str, Any], str]:
                "paragraph_in_log": "STOPPED: out of memory" in output}
     components = (*timing.COMPONENTS, timing.OTHER)
     ok = rc == failure.EXIT["oom"] and rec.get("kind") == "oom" and rec.get("component") in components
-    return ok and "train.micro_batch_size" in (rec.get("advice") or ""), metrics, runner.recorded(overrides)
+    return ok and "train.micro_batch_size" in (rec.get("advice") or ""), metrics, runner.recorded(case)
 
 
 CHECKS: dict[str, Callable[[Path], tuple[bool, dict[str, Any], str]]] = {
@@ -126,8 +131,8 @@ def checks(text: str) -> list[str]:
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--only", default=list(CHECKS), type=checks,
                     help=f"a comma-separated list of {', '.join(CHECKS)}")
-    ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "reliability")
-    ap.add_argument("--results", type=Path, default=ROOT / "results" / "reliability.jsonl")
+    experiments.add_out(ap, "reliability")
+    experiments.add_results(ap, "reliability.jsonl")
 
 
 def run(a: argparse.Namespace) -> int:

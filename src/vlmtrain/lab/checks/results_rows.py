@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from vlmtrain.lab.runner import ROOT
+from vlmtrain.lab.kit.runner import ROOT
 
 REQUIRED = ("name", "command", "date", "machine", "metrics")
 

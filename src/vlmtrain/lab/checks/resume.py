@@ -1,14 +1,14 @@
 """Kill -9 a GPU run mid-training, relaunch the same command, and compare its losses with an uninterrupted run; and
 what the other checks that kill or preempt a real run share (vlmtrain.lab.checks.kill_checkpoint,
-vlmtrain.lab.checks.slurm_preempt): the run's overrides, its launch in a run dir of its own, the losses and the data
-position a killed, preempted or resumed run is compared by.
+vlmtrain.lab.checks.slurm_preempt, vlmtrain.lab.checks.verification): the run's case, its launch in a run dir of its
+own, the losses and the data position a killed, preempted or resumed run is compared by.
 
     vlmtrain lab resume --parallelism fsdp --gpu 0     # Megatron-FSDP, fsdp_dtensor checkpoints
     vlmtrain lab resume --parallelism 3d --gpu 1       # 3D, torch_dist checkpoints
     vlmtrain lab resume --parallelism fsdp --packed    # packed (data.packing=1024)
 
 Run A trains 12 steps uninterrupted. Run B is the same command with its own checkpoint_dir: its whole process tree
-is SIGKILLed (vlmtrain.lab.runner.kill_tree) once it has checkpointed step 4 and logged step 6, then relaunched
+is SIGKILLed (vlmtrain.lab.kit.runner.kill_tree) once it has checkpointed step 4 and logged step 6, then relaunched
 unchanged; it must resume from the checkpoint and reproduce A's losses. Appends one row to results/resume.jsonl.
 
 The data position too: every run writes samples.jsonl (the sample indices of each step's micro-batches, per
@@ -24,9 +24,9 @@ import json
 import time
 from pathlib import Path
 
-from vlmtrain.lab import experiments, runner, store
-from vlmtrain.lab.cases import TINY
-from vlmtrain.lab.runner import ROOT
+from vlmtrain.lab.kit import experiments, runner, store
+from vlmtrain.lab.kit.baselines import TINY
+from vlmtrain.lab.kit.case import Case
 from vlmtrain.observe import run_summary
 
 TOLERANCE = 0.02  # max |loss difference|: BF16 + non-deterministic MoE/grouped-GEMM reductions
@@ -36,25 +36,23 @@ samples, so the 12 steps of 8 rows (train.global_batch_size counts rows) take 96
 i % 8): every bin many times, in the sampler's order, which the data-position check compares."""
 
 
-def overrides(parallelism: str, ckpt: Path, packed: bool = False, iterations: int = 12,
-              save_interval: int = 4, model: list[str] = TINY) -> list[str]:
-    return [
+def case(name: str, parallelism: str, ckpt: Path, packed: bool = False, iterations: int = 12,
+         save_interval: int = 4, model: list[str] = TINY) -> Case:
+    """A checkpointing one-GPU training run (the tiny model unless `model` says), its checkpoints in `ckpt`."""
+    return Case(name, 1, [
         *([f"data.packing={PACKING}", "train.micro_batch_size=1"] if packed else []),
         *model,
         f"parallelism={parallelism}",
         f"train.iterations={iterations}",
         f"train.save_interval={save_interval}",
         "train.global_batch_size=8",
-        "gpus_per_node=1",
-        "dry_run=false",
-        "wandb.enabled=false",
         f"train.checkpoint_dir={ckpt}",
-    ]
+    ], dry_run=False)
 
 
-def launch(args: list[str], run_dir: Path, gpu: int) -> runner.Run:
-    """The run on GPU `gpu` in run_dir (vlmtrain.lab.runner: a port of its own, its own process group)."""
-    return runner.start(args, run_dir, gpus=[gpu])
+def launch(run: Case, run_dir: Path, gpu: int) -> runner.Run:
+    """The run on GPU `gpu` in run_dir (vlmtrain.lab.kit.runner: a port of its own, its own process group)."""
+    return runner.start(run, run_dir, gpus=[gpu])
 
 
 def kill_after(run: runner.Run, ckpt: Path, run_dir: Path, logged: int, timeout_s: float = 400) -> int:
@@ -111,33 +109,31 @@ def data_position(a: dict, killed: dict, resumed: dict, checkpoint_step: int | N
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--parallelism", choices=["fsdp", "3d"], required=True)
     ap.add_argument("--gpu", type=int, default=0)
-    ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "resume")
+    experiments.add_out(ap, "resume")
     ap.add_argument("--packed", action="store_true",
                     help=f"data.packing={PACKING} (MBS 1, GBS 8 rows); the row goes to reliability.jsonl")
-    ap.add_argument("--results", type=Path, default=None, help="default: results/resume.jsonl "
-                    "(results/reliability.jsonl with --packed)")
+    experiments.add_results(ap, None, "results/resume.jsonl, results/reliability.jsonl with --packed")
 
 
 def run(a: argparse.Namespace) -> int:
-    a.results = a.results or ROOT / "results" / ("reliability.jsonl" if a.packed else "resume.jsonl")
+    a.results = a.results or runner.ROOT / "results" / ("reliability.jsonl" if a.packed else "resume.jsonl")
     tag = f"{a.parallelism}_packed" if a.packed else a.parallelism
-    out = a.out / tag
-    run_a = launch(overrides(a.parallelism, out / "ckpt_a", a.packed), out / "a", a.gpu)
-    b_args = overrides(a.parallelism, out / "ckpt_b", a.packed)
-    killed_at = kill_after(launch(b_args, out / "b_killed", a.gpu), out / "ckpt_b", out / "b_killed", 5)
+    out, name = a.out / tag, f"resume_{tag}_tiny_1gpu"
+    run_a = launch(case(name, a.parallelism, out / "ckpt_a", a.packed), out / "a", a.gpu)
+    b = case(name, a.parallelism, out / "ckpt_b", a.packed)
+    killed_at = kill_after(launch(b, out / "b_killed", a.gpu), out / "ckpt_b", out / "b_killed", 5)
     resumed_from = tracker(out / "ckpt_b")
-    rc_b = launch(b_args, out / "b_resumed", a.gpu).wait()
+    rc_b = launch(b, out / "b_resumed", a.gpu).wait()
     rc_a = run_a.wait()
     la, lk, lr = losses(out / "a"), losses(out / "b_killed"), losses(out / "b_resumed")
     diff = max_loss_diff(la, lr)
     position = data_position(samples(out / "a"), samples(out / "b_killed"), samples(out / "b_resumed"), resumed_from)
     ok = rc_a == 0 and rc_b == 0 and resumed_from is not None and diff <= TOLERANCE and min(lr) > 0 \
         and not position["sample_steps_mismatched"] and position["same_samples_overall"]
-    cmd = runner.recorded(b_args)
     store.append(
         a.results,
-        f"resume_{tag}_tiny_1gpu",
-        cmd,
+        name,
+        runner.recorded(b),
         {
             "killed_after_step": killed_at,
             "checkpoint_step": resumed_from,

@@ -1,15 +1,14 @@
 """Preemption under Slurm: a real training job through `python train.py -m hydra/launcher=slurm` on a real Slurm
-with the real GPU as gres (scripts/device/slurm_start.sh), preempted mid-run and resumed; this module's command
-appends the row to results/reliability.jsonl, tests/gpu/test_slurm_preempt_gpu.py asserts the same.
+with the real GPU as gres (a one-node Slurm on this node, partition debug), preempted mid-run and resumed; this
+module's command appends the row to results/reliability.jsonl, tests/gpu/test_slurm_preempt_gpu.py asserts the same.
 
-    bash scripts/device/slurm_start.sh && export PATH=/tmp/slurm-root/bin:$PATH
     vlmtrain lab slurm-preempt --case tiny            # the plumbing, ~2 min
     vlmtrain lab slurm-preempt --case 30b --only reference   # then, in the next call:
     vlmtrain lab slurm-preempt --case 30b --only preempt
 
 - reference: the same training uninterrupted, run directly (`python train.py`, no checkpoints): cheaper than a
   second Slurm job, and the losses do not depend on the launcher.
-- preempt: the job is submitted through submitit; once it has logged the case's `interrupt_after` steps the check sends
+- preempt: the job is submitted through submitit; once it has logged the size's `signal_after` steps the check sends
   `scancel --signal=USR2` (what Slurm sends `signal_delay_s` before a time limit, and what submitit's own
   job._interrupt() sends). vlmtrain relays it to Bridge as SIGTERM (launch/slurm.py), Bridge saves a checkpoint
   after the step and exits, submitit requeues the same job id, and the second attempt resumes in the same run dir
@@ -34,13 +33,14 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vlmtrain.lab import cases, experiments, runner, store
-from vlmtrain.lab.cases import Case
 from vlmtrain.lab.checks.resume import TOLERANCE, losses, max_loss_diff, tracker
-from vlmtrain.lab.runner import ROOT
+from vlmtrain.lab.kit import baselines, experiments, runner, store
+from vlmtrain.lab.kit.case import Case, placed_resolved
+from vlmtrain.lab.kit.runner import ROOT
 from vlmtrain.observe import run_summary
 
 GIB = 1024**3
@@ -48,32 +48,45 @@ DISK_MARGIN_GIB = 4.0  # torch_dist metadata, the common state, the run dir
 SAMPLES = ("train.micro_batch_size=1", "train.global_batch_size=2")  # 2 micro-batches a step: short steps
 
 
+@dataclass(frozen=True)
+class Preemption:
+    """One model size the check preempts: its training (both runs share it) and the logged steps before the
+    signal."""
+
+    case: Case
+    signal_after: int
+
+
+def trained(name: str, overrides: list[str]) -> Case:
+    return Case(name, 1, overrides, dry_run=False)
+
+
 CASES = {
-    # one model size each: its training, and the logged steps before the signal (interrupt_after)
-    "30b": Case("qwen3_vl_30b_a3b_l4", 1, [*cases.SHAPE_30B, *SAMPLES, "train.iterations=8"], interrupt_after=3),
+    "30b": Preemption(trained("qwen3_vl_30b_a3b_l4", [*baselines.SHAPE_30B, *SAMPLES, "train.iterations=8"]), 3),
     # tiny steps take a fraction of a second: 56 steps after the signal so that it lands mid-run
-    "tiny": Case("tiny", 1, [*cases.TINY, *SAMPLES, "train.iterations=60"], interrupt_after=4),
+    "tiny": Preemption(trained("tiny", [*baselines.TINY, *SAMPLES, "train.iterations=60"]), 4),
 }
-"""--case -> the case."""
+"""--case -> the preemption."""
 
 
 def iterations(case: Case) -> int:
     return int(case.setting("train.iterations") or 0)
 
 
-def with_layers(case: Case, layers: int) -> Case:
-    """The case with `layers` decoder layers (the 30B-A3B shape's depth, for a disk that cannot hold 4 layers')."""
-    depth = [f"model.num_layers={layers}" if o.startswith("model.num_layers=") else o for o in case.overrides]
-    return dataclasses.replace(case, name=f"{case.name.rsplit('_l', 1)[0]}_l{layers}", overrides=depth)
+def with_layers(p: Preemption, layers: int) -> Preemption:
+    """The preemption with `layers` decoder layers (the 30B-A3B shape's depth, for a disk that cannot hold 4
+    layers')."""
+    depth = [f"model.num_layers={layers}" if o.startswith("model.num_layers=") else o for o in p.case.overrides]
+    return dataclasses.replace(p, case=dataclasses.replace(p.case, name=f"{p.case.name.rsplit('_l', 1)[0]}_l{layers}",
+                                                           overrides=depth))
 
 
-def overrides(case: Case, ckpt: Path | None) -> list[str]:
-    """The training both runs share; with `ckpt`, checkpoints go there and only the exit signal saves one."""
-    save = [] if ckpt is None else [
-        "train.save_interval=1000000", f"train.checkpoint_dir={ckpt}",
-        # Bridge's 0: no interval save and no save at the end (train.py: `save_interval != 0`); the signal's stays
-        "+bridge.checkpoint.save_interval=0"]
-    return [*case.overrides, "gpus_per_node=1", "dry_run=false", "wandb.enabled=false", *save]
+def saving(case: Case, ckpt: Path) -> Case:
+    """The case with checkpoints in `ckpt`, where only the exit signal saves one."""
+    return case.plus("train.save_interval=1000000", f"train.checkpoint_dir={ckpt}",
+                     # Bridge's 0: no interval save and no save at the end (train.py: `save_interval != 0`); the
+                     # signal's stays
+                     "+bridge.checkpoint.save_interval=0")
 
 
 LAUNCHER = ["hydra/launcher=slurm", "hydra.launcher.partition=debug", "hydra.launcher.cpus_per_task=8",
@@ -87,7 +100,7 @@ def checkpoint_gib(case: Case) -> float:
     optimizer, world size 1) of the run as train.py places it."""
     from vlmtrain.check.memory.estimate import estimate
 
-    b = estimate(*cases.placed_resolved(overrides(case, None)))
+    b = estimate(*placed_resolved(case))
     return b.params + b.optimizer
 
 
@@ -119,11 +132,11 @@ def _sh(*cmd: str) -> str:
 def slurm_problem() -> str | None:
     """Why the local Slurm cannot take the job (None: it can): its commands, an idle node, a GPU as gres."""
     if shutil.which("sbatch") is None:
-        return ("no Slurm commands on PATH: bash scripts/device/slurm_start.sh, then "
-                "export PATH=/tmp/slurm-root/bin:$PATH")
+        return ("no Slurm commands on PATH: start a one-node Slurm on this node (partition debug, the GPU as gres) "
+                "and put its bin/ on PATH")
     state = _sh("sinfo", "-h", "-n", "localhost", "-o", "%T").strip()
     if state != "idle":
-        return f"Slurm node localhost is {state or 'absent'!r}, not idle (bash scripts/device/slurm_start.sh)"
+        return f"Slurm node localhost is {state or 'absent'!r}, not idle: start or resume it (scontrol, slurmd)"
     gres = _sh("sinfo", "-h", "-n", "localhost", "-o", "%G").strip()
     if not re.search(r"gpu:[1-9]", gres):
         return f"the Slurm node has no GPU gres ({gres!r}): start it with GPUS=1"
@@ -135,7 +148,7 @@ def slurm_version() -> str:
 
 
 def diagnostics(sweep: Path, job_id: str | None) -> str:
-    """What Slurm and the job's logs say: printed on every failure (no interactive debugging on the GPU machine)."""
+    """What Slurm and the job's logs say: printed on every failure (a GPU job is seldom debugged interactively)."""
     parts = [_sh("sinfo", "-N", "-l"), _sh("squeue", "-a")]
     if job_id:
         parts.append(_sh("scontrol", "show", "job", job_id))
@@ -152,7 +165,7 @@ def _env() -> dict[str, str]:
 def run_reference(case: Case, out: Path, timeout_s: float) -> tuple[int, Path]:
     """The uninterrupted run, directly (torchrun on the local GPU), no checkpoints; past `timeout_s` its whole
     tree is killed (a surviving rank would hold the GPU)."""
-    run = runner.start(overrides(case, None), out / "reference", log=out / "reference" / "console.txt", env=_env(),
+    run = runner.start(case, out / "reference", log=out / "reference" / "console.txt", env=_env(),
                        timeout_s=timeout_s, fresh=True)
     return run.wait(), run.run_dir
 
@@ -162,18 +175,22 @@ def _rank0(sweep: Path) -> dict[str, Any] | None:
     return json.loads(found[0].read_text()) if found else None
 
 
-def run_preempted(case: Case, out: Path, ckpt: Path, timeout_s: float) -> dict[str, Any]:
-    """Submit through submitit, USR2 once `interrupt_after` steps are logged, wait for the requeued attempt."""
+def submitted(case: Case, ckpt: Path) -> Case:
+    """The case as the Slurm job runs it: `-m` through the launcher, its checkpoints in `ckpt`."""
+    return saving(case, ckpt).plus(*LAUNCHER, multirun=True)
+
+
+def run_preempted(p: Preemption, out: Path, ckpt: Path, timeout_s: float) -> dict[str, Any]:
+    """Submit through submitit, USR2 once `signal_after` steps are logged, wait for the requeued attempt."""
     sweep = out / "slurm"
     shutil.rmtree(ckpt, ignore_errors=True)
-    run = runner.start([*LAUNCHER, *overrides(case, ckpt)], sweep, multirun=True, log=out / "launcher.txt",
-                       env=_env(), fresh=True)
+    run = runner.start(submitted(p.case, ckpt), sweep, log=out / "launcher.txt", env=_env(), fresh=True)
     deadline, job_id, sent = time.monotonic() + timeout_s, None, None
     while run.poll() is None and time.monotonic() < deadline:
         rec = _rank0(sweep)
         job_id = job_id or (rec or {}).get("slurm", {}).get("job_id")
         steps = losses(next(sweep.glob("0_*"))) if rec else {}
-        if job_id and sent is None and len(steps) >= (case.interrupt_after or 0):
+        if job_id and sent is None and len(steps) >= p.signal_after:
             sent = {"after_steps_logged": len(steps), "at": time.strftime("%H:%M:%S"),
                     "scancel": _sh("scancel", "--signal=USR2", job_id).strip()}
         time.sleep(0.5)
@@ -197,7 +214,7 @@ def scontrol_job(job_id: str, wait_s: float = 60) -> dict[str, str]:
         time.sleep(1)
 
 
-def evaluate(case: Case, reference: Path, slurm: dict[str, Any], ckpt: Path) -> tuple[bool, dict[str, Any]]:
+def evaluate(p: Preemption, reference: Path, slurm: dict[str, Any], ckpt: Path) -> tuple[bool, dict[str, Any]]:
     """Every check of the module docstring, from what the runs wrote and what Slurm said about the job
     (`slurm`: run_preempted's result); (passed, metrics)."""
     sweep: Path = slurm["sweep"]
@@ -232,10 +249,10 @@ def evaluate(case: Case, reference: Path, slurm: dict[str, Any], ckpt: Path) -> 
     ok = (slurm["rc"] == 0 and m["signal_sent"] is not None and (m["signal_recorded"] or {}).get("name") == "SIGUSR2"
           and m["restart_count"] == "1" and m["same_job_id"] and m["slurm_state"] == "COMPLETED"
           and m["slurm_restarts"] == "1" and saved is not None and iters == [saved]
-          and (case.interrupt_after or 0) <= saved < iterations(case) and m["bridge_exit_on_signal"]
+          and p.signal_after <= saved < iterations(p.case) and m["bridge_exit_on_signal"]
           and m["requeued_by_submitit"]
           and m["loaded"] == [{"dir": str(ckpt), "iteration": saved}]
-          and sorted(rows) == list(range(iterations(case))) and set(ref) == set(range(iterations(case)))
+          and sorted(rows) == list(range(iterations(p.case))) and set(ref) == set(range(iterations(p.case)))
           and m["first_step_after_resume"] == saved
           and m["max_abs_loss_diff_before_signal"] <= TOLERANCE and m["max_abs_loss_diff_after_resume"] <= TOLERANCE)
     m["losses_reference"], m["losses_slurm"] = ref, got
@@ -243,7 +260,7 @@ def evaluate(case: Case, reference: Path, slurm: dict[str, Any], ckpt: Path) -> 
 
 
 def command(case: Case, ckpt: Path) -> str:
-    return runner.recorded([*LAUNCHER, "hydra.sweep.dir=<out>/slurm", *overrides(case, ckpt)], multirun=True)
+    return runner.recorded(submitted(case, ckpt).plus("hydra.sweep.dir=<out>/slurm"))
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -251,17 +268,18 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--only", choices=["reference", "preempt", "both"], default="both",
                     help="reference: the uninterrupted run only; preempt: the Slurm run, against a reference "
                     "an earlier call left in --out")
-    ap.add_argument("--out", type=Path, default=None, help="default outputs/slurm_preempt/<case>")
+    experiments.add_out(ap, "slurm_preempt")
     ap.add_argument("--ckpt", type=Path, default=None, help="default /tmp/vlmtrain_slurm_ckpt/<case>")
     ap.add_argument("--layers", type=int, default=None, help="--case 30b with this many decoder layers (default 4): "
                     "where the disk cannot hold the 4-layer checkpoint")
     ap.add_argument("--timeout", type=float, default=540, help="seconds per phase")
-    ap.add_argument("--results", type=Path, default=ROOT / "results" / "reliability.jsonl")
+    experiments.add_results(ap, "reliability.jsonl")
 
 
 def run(a: argparse.Namespace) -> int:
-    case = CASES[a.case] if a.layers is None else with_layers(CASES[a.case], a.layers)
-    out = (a.out or ROOT / "outputs" / "slurm_preempt" / a.case).resolve()
+    p = CASES[a.case] if a.layers is None else with_layers(CASES[a.case], a.layers)
+    case = p.case
+    out = (a.out / a.case).resolve()
     ckpt = (a.ckpt or Path("/tmp/vlmtrain_slurm_ckpt") / a.case).resolve()
     if a.only != "reference":
         if problem := slurm_problem():
@@ -280,8 +298,8 @@ def run(a: argparse.Namespace) -> int:
         print(f"[slurm_preempt] no reference losses in {out / 'reference'}: run --only reference first",
               file=sys.stderr)
         return 2
-    slurm = run_preempted(case, out, ckpt, a.timeout)
-    ok, metrics = evaluate(case, out / "reference", slurm, ckpt)
+    slurm = run_preempted(p, out, ckpt, a.timeout)
+    ok, metrics = evaluate(p, out / "reference", slurm, ckpt)
     ref_losses, slurm_losses = metrics.pop("losses_reference"), metrics.pop("losses_slurm")
     store.append(a.results, f"slurm_preempt_{case.name}_1gpu", command(case, ckpt), {**metrics, **disk,
                    "slurm": slurm_version(), "passed": ok}, losses_uninterrupted=ref_losses,

@@ -28,7 +28,7 @@ def model_config(family: str, num_layers: int) -> ModelConfig:
     """The conf/model option of `family` as the model group composes it, with `num_layers` decoder layers."""
     from omegaconf import OmegaConf
 
-    from vlmtrain.lab.runner import ROOT
+    from vlmtrain.lab.kit.runner import ROOT
 
     option = OPTIONS[Family(family)]
     schema = OmegaConf.structured(ModelConfig)

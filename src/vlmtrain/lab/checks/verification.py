@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 import time
@@ -42,10 +41,10 @@ from pathlib import Path
 from typing import Any
 
 from vlmtrain.config.groups.model import Family
-from vlmtrain.lab import experiments, runner, store
-from vlmtrain.lab.cases import Case
 from vlmtrain.lab.checks import resume, tiny_hf
-from vlmtrain.lab.runner import ROOT
+from vlmtrain.lab.kit import experiments, runner, store
+from vlmtrain.lab.kit.case import Case
+from vlmtrain.lab.kit.runner import ROOT
 
 Emit = Callable[[str, str, dict[str, Any]], None]
 """emit(check, command, metrics): writes a check's row (writer)."""
@@ -58,7 +57,7 @@ FAMILIES = ("qwen3_vl", "qwen35_vl")
 CHECKS = ("parity_import", "resume", "export", "reload", "frozen", "parity_trained", "export_fsdp", "reload_fsdp",
           "frozen_fsdp")
 """`--checks` runs a subset in a fresh work dir, with the runs it rests on (Qwen3.5's whole family, kernels compiled
-on first use, takes about 12 minutes on an H100: split it where a GPU run has a 10-minute limit)."""
+on first use, takes about 12 minutes on an H100: split it over shorter GPU jobs)."""
 TIMEOUT_S = 600
 
 
@@ -170,30 +169,29 @@ def training(work: Path, model: list[str]) -> dict[str, Case]:
     """The family's training runs, each with its own checkpoint dir: A (3d, STEPS steps, a checkpoint every
     SAVE_INTERVAL), B (A's training, killed after it logged step KILL_AFTER, then relaunched) and C (fsdp,
     SAVE_INTERVAL steps)."""
-    def run(name: str, parallelism: str, iterations: int, **kw: Any) -> Case:
-        return Case(name, 1, resume.overrides(parallelism, work / f"ckpt_{name}", iterations=iterations,
-                                              save_interval=SAVE_INTERVAL, model=model), **kw)
+    def run(name: str, parallelism: str, iterations: int) -> Case:
+        return resume.case(name, parallelism, work / f"ckpt_{name}", iterations=iterations,
+                           save_interval=SAVE_INTERVAL, model=model)
 
-    return {"a": run("a", "3d", STEPS), "b": run("b", "3d", STEPS, interrupt_after=KILL_AFTER),
-            "c": run("c", "fsdp", SAVE_INTERVAL)}
+    return {"a": run("a", "3d", STEPS), "b": run("b", "3d", STEPS), "c": run("c", "fsdp", SAVE_INTERVAL)}
 
 
 def checks_3d(work: Path, hf: Path, option: str, runs: dict[str, Case], gpu: int, emit: Emit,
               checks: tuple[str, ...]) -> None:
     """Steps 3-7: runs A and B (resume), export, reload, frozen, parity of the trained model."""
-    need, a_args, b_args = needed(checks), runs["a"].overrides, runs["b"].overrides
-    run_a = resume.launch(a_args, work / "a", gpu)  # B runs beside A
-    b = kill_and_resume(runs["b"], work, gpu) if need["b"] else None
+    need, a, b_case = needed(checks), runs["a"], runs["b"]
+    run_a = resume.launch(a, work / "a", gpu)  # B runs beside A
+    b = kill_and_resume(b_case, work, gpu) if need["b"] else None
     rc_a = run_a.wait()
     if b is not None:
         checked = loss_check(resume.losses(work / "a"), resume.losses(work / "b_resumed"), b["checkpoint_step"])
-        emit("resume", runner.recorded(b_args), {**checked, "killed_after_step": b["killed_after_step"],
+        emit("resume", runner.recorded(b_case), {**checked, "killed_after_step": b["killed_after_step"],
                                                  "rc_uninterrupted": rc_a, "rc_resumed": b["rc_resumed"],
                                                  "passed": checked["passed"] and rc_a == b["rc_resumed"] == 0})
     if not need["export"]:
         return
     if rc_a != 0:
-        emit("export", runner.recorded(a_args), {"cosine": None, "max_abs_diff": None, "rc_train": rc_a,
+        emit("export", runner.recorded(a), {"cosine": None, "max_abs_diff": None, "rc_train": rc_a,
                                                  "passed": False})
         return
     export = export_checks(work, "a", "", hf, gpu, emit, checks)
@@ -203,20 +201,19 @@ def checks_3d(work: Path, hf: Path, option: str, runs: dict[str, Case], gpu: int
 
 
 def kill_and_resume(b: Case, work: Path, gpu: int) -> dict[str, Any]:
-    """Run B: killed once it has checkpointed and logged step `interrupt_after`, then relaunched unchanged."""
-    killed_at = resume.kill_after(resume.launch(b.overrides, work / "b_killed", gpu), work / "ckpt_b",
-                                  work / "b_killed", b.interrupt_after or 0)
+    """Run B: killed once it has checkpointed and logged step KILL_AFTER, then relaunched unchanged."""
+    killed_at = resume.kill_after(resume.launch(b, work / "b_killed", gpu), work / "ckpt_b", work / "b_killed",
+                                  KILL_AFTER)
     checkpoint_step = resume.tracker(work / "ckpt_b")
     return {"killed_after_step": killed_at, "checkpoint_step": checkpoint_step,
-            "rc_resumed": resume.launch(b.overrides, work / "b_resumed", gpu).wait()}
+            "rc_resumed": resume.launch(b, work / "b_resumed", gpu).wait()}
 
 
 def checks_fsdp(work: Path, hf: Path, c: Case, gpu: int, emit: Emit, checks: tuple[str, ...]) -> None:
     """Step 8: run C on Megatron-FSDP, then export, reload and frozen on its fsdp_dtensor checkpoint."""
-    c_args = c.overrides
-    rc_c = resume.launch(c_args, work / "c", gpu).wait()
+    rc_c = resume.launch(c, work / "c", gpu).wait()
     if rc_c != 0:
-        emit("export_fsdp", runner.recorded(c_args), {"cosine": None, "max_abs_diff": None, "rc_train": rc_c,
+        emit("export_fsdp", runner.recorded(c), {"cosine": None, "max_abs_diff": None, "rc_train": rc_c,
                                                       "passed": False})
         return
     export_checks(work, "c", "_fsdp", hf, gpu, emit, checks)
@@ -262,13 +259,13 @@ def writer(results: Path, family: str, driver: str, verdicts: list[bool],
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--results", type=Path, default=ROOT / "results" / "verification.jsonl")
+    experiments.add_results(ap, "verification.jsonl")
     ap.add_argument("--work", type=Path, default=ROOT / "outputs" / "verification")
     ap.add_argument("--families", nargs="+", choices=FAMILIES, default=list(FAMILIES))
     ap.add_argument("--checks", nargs="+", choices=CHECKS, default=list(CHECKS),
                     help="a subset, with the runs and exports it rests on (their rows too)")
     ap.add_argument("--gpu", type=int, default=0)
-    ap.add_argument("--commit", default=os.environ.get("VLMTRAIN_COMMIT", "unknown"))
+    experiments.add_commit(ap)
 
 
 def run(a: argparse.Namespace) -> int:

@@ -17,18 +17,17 @@ import argparse
 import statistics
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vlmtrain.config import architecture as arch
-from vlmtrain.lab import cases, experiments, repeats, store
-from vlmtrain.lab.runner import ROOT
+from vlmtrain.lab import vs_bridge
+from vlmtrain.lab.kit import baselines, experiments, schedule, store
 
 if TYPE_CHECKING:
     from vlmtrain.config.groups.model import ModelConfig
 
 PREFIX = "matmul-ceiling_"
-H1_MODEL = [*cases.L4_30B, "experiment=perf_h200x2_best", "gpus_per_node=1", "parallelism.ep=1"]
+H1_MODEL = [*baselines.L4_30B, "experiment=perf_h200x2_best", "gpus_per_node=1", "parallelism.ep=1"]
 """The H1 case's model and packing capacity, composed as conf/tune/perf_h200.yaml's `h1` case composes them."""
 
 
@@ -111,7 +110,7 @@ def iterations(g: Gemm, target_s: float = 0.05, guess_tflops: float = 500.0) -> 
 
 def row_metrics(g: Gemm, rates: list[float], peak: float) -> dict[str, Any]:
     med = statistics.median(rates)
-    return {**repeats.spread(rates, "tflops_per_s"), "fraction_of_peak": med / peak, "repeats": len(rates),
+    return {**schedule.spread(rates, "tflops_per_s"), "fraction_of_peak": med / peak, "repeats": len(rates),
             "m": g.m, "k": g.k, "n": g.n, "batch": g.batch, "tower": g.tower}
 
 
@@ -130,9 +129,10 @@ def tower_ceilings(rows: list[dict[str, Any]], machine_run: str) -> dict[str, fl
 
 
 def towers_vs_ceiling(rows: list[dict[str, Any]], machine_run: str, peak: float) -> dict[str, Any] | None:
-    """The best full-training H1 case of the machine run (repeats.best_h1): each tower's achieved TFLOP/s (mfu_<tower> x
-    peak) and its fraction of that tower's measured GEMM rate; None until both exist on the machine run."""
-    ceilings, h1 = tower_ceilings(rows, machine_run), repeats.best_h1(rows, machine_run)
+    """The best full-training H1 case of the machine run (vs_bridge.best_h1): each tower's achieved TFLOP/s
+    (mfu_<tower> x peak) and its fraction of that tower's measured GEMM rate;
+    None until both exist on the machine run."""
+    ceilings, h1 = tower_ceilings(rows, machine_run), vs_bridge.best_h1(rows, machine_run)
     if not ceilings or h1 is None:
         return None
     best, m = h1[0], h1[1]["metrics"]
@@ -149,11 +149,12 @@ def towers_vs_ceiling(rows: list[dict[str, Any]], machine_run: str, peak: float)
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--repeats", type=experiments.at_least(3, "a median needs them"), default=5,
                     help="timed repeats per shape (median and min-max)")
-    ap.add_argument("--results", type=Path, default=ROOT / "results" / "perf_h200.jsonl")
+    experiments.add_results(ap, "perf_h200.jsonl")
+    experiments.add_machine_run(ap)
     ap.add_argument("--list", action="store_true", help="print the shapes and exit (CPU)")
     ap.add_argument("--towers", metavar="MACHINE_RUN", help="CPU: append MACHINE_RUN's towers-vs-ceiling row again "
-                    "from the recorded rows (after an H1 summary landed on that machine run later than its ceiling "
-                    "rows)")
+                    "from the recorded rows (after the benchmark's summary landed on that machine run later than its "
+                    "ceiling rows)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -174,7 +175,8 @@ def run(args: argparse.Namespace) -> int:
     if not torch.cuda.is_available():
         print("matmul_ceiling: needs a GPU (--list prints the shapes here)", file=sys.stderr)
         return 2
-    machine_run, peak = store.machine_run(), source["peak_bf16_tflops"]
+    machine_run = store.machine_run(args.machine_run, store.machine_runs(args.results))
+    peak = source["peak_bf16_tflops"]
     cmd = experiments.command(__name__) + (f" --repeats {args.repeats}" if args.repeats != 5 else "")
     for g in gemms:
         metrics = row_metrics(g, time_gemm(g, args.repeats, iterations(g)), peak)
@@ -188,12 +190,10 @@ def run(args: argparse.Namespace) -> int:
 
 def append_towers(path: Any, machine_run: str, peak: float, command: str) -> dict[str, Any] | None:
     """The towers-vs-ceiling row of `machine_run`, once its ceiling rows and an H1 summary are in the results file."""
-    from vlmtrain.observe import run_summary
-
-    metrics = towers_vs_ceiling(run_summary.read_jsonl(path), machine_run, peak)
+    metrics = towers_vs_ceiling(store.read(path), machine_run, peak)
     if metrics is None:
-        print(f"[ceiling] no H1 summary on {machine_run} yet: the towers-vs-ceiling row comes with a later run",
-              flush=True)
+        print(f"[ceiling] no summary of a full-training {vs_bridge.H1_PREFIX}* case on {machine_run} yet: the "
+              "towers-vs-ceiling row comes with a later run", flush=True)
         return None
     print(f"[ceiling] towers vs their GEMM ceilings ({machine_run}): {metrics}", flush=True)
     return store.append(path, f"towers-vs-ceiling_{machine_run}", command, metrics, machine_run=machine_run)

@@ -1,10 +1,10 @@
-"""What one packed row costs the data loader's CPU: benchmark H1's rows (data=realistic, rows of <= 12288 tokens) built
-by the run's own dataset and collate (Bridge's dataset provider -> vlmtrain.data.bins_dataset -> Bridge's packed Qwen
-collate), timed one row at a time in this process, as one loader worker builds them. With a GPU step's rate this says
-how many workers keep up (H1 on one H200 consumed ~1 row/s and waited on 2 workers: docs/measurements.md). A profile
-of the same rows gives the shares of the collate's parts: Bridge's assistant loss mask (`build_assistant_loss_mask`,
-which renders each sample's chat template with its images again), the vision preprocessing the row itself needs
-(`process_vision_info`) and the processor's calls overall.
+"""What one packed row costs the data loader's CPU: the rows of the one-GPU Qwen3-VL-30B-A3B benchmark case
+(conf/tune/perf_h200.yaml `h1`: its layer shapes at 4 decoder layers, data=realistic, rows of <= 12288 tokens) built by
+the run's own dataset and collate (Bridge's dataset provider -> vlmtrain.data.bins_dataset -> Bridge's packed Qwen
+collate), timed one row at a time in this process, as one loader worker builds them. Against a GPU step's rate of rows
+this says how many loader workers keep up. A profile of the same rows gives the shares of the collate's parts: Bridge's
+assistant loss mask (`build_assistant_loss_mask`, which renders each sample's chat template with its images again), the
+vision preprocessing the row itself needs (`process_vision_info`) and the processor's calls overall.
 
     vlmtrain lab collate-cpu [--rows 8] [--capacity 12288] [overrides]   # any machine; CPU only
 """
@@ -20,25 +20,24 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vlmtrain.lab import experiments, store
+from vlmtrain.lab.kit import experiments, store
 from vlmtrain.lab.micro.ceiling import H1_MODEL
-from vlmtrain.lab.runner import ROOT
 
 H1 = [*H1_MODEL, "data=realistic", "train.global_batch_size=4", "dry_run=true"]
-"""The H1 case's model and data (conf/tune/perf_h200.yaml `h1`); dry_run: no GPU is asked for."""
+"""The benchmark case's model and data (conf/tune/perf_h200.yaml `h1`); dry_run: no GPU is asked for."""
 PARTS = {"assistant_loss_mask": "build_assistant_loss_mask", "vision_inputs": "process_vision_info",
          "processor_calls": "processing_utils.py:643(__call__)"}
 """Profile entries (pstats' function labels, by substring) whose cumulative time is reported as a share."""
 
 
 def dataset(capacity: int, out: Path, items: int, overrides: list[str]) -> Any:
-    """Bridge's train dataset of the H1 run (`items` long), through the data stage and provider lookup a rank uses,
-    with the run's code replacements installed as a rank installs them before its loader forks the workers."""
+    """Bridge's train dataset of the benchmark case (`items` long), through the data stage and provider lookup a rank
+    uses, with the run's code replacements installed as a rank installs them before its loader forks the workers."""
     from megatron.bridge.data.utils import get_dataset_provider
 
     from vlmtrain.build import container, target
     from vlmtrain.data import prepare
-    from vlmtrain.lab.cases import placed_resolved
+    from vlmtrain.lab.kit.case import placed_resolved
     from vlmtrain.train import bridge_patches
 
     run, res = placed_resolved([*H1, f"data.packing={capacity}", *overrides], output_dir=str(out))
@@ -102,9 +101,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--rows", type=experiments.at_least(3, "a median needs them"), default=8,
                     help="rows timed (median and min-max; at least 3)")
     ap.add_argument("--capacity", type=int, default=12288, help="tokens per packed row (data.packing)")
-    ap.add_argument("--results", type=Path, default=ROOT / "results" / "collate_cpu.jsonl")
-    ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "collate_cpu")
-    ap.add_argument("overrides", nargs="*", help="on top of H1, e.g. kernels.mask_grid_only=false")
+    experiments.add_results(ap, "collate_cpu.jsonl")
+    experiments.add_out(ap, "collate_cpu")
+    ap.add_argument("overrides", nargs="*", help="on top of the benchmark case, e.g. kernels.mask_grid_only=false")
 
 
 def run(a: argparse.Namespace) -> int:

@@ -14,11 +14,9 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-from pathlib import Path
 from typing import Any
 
-from vlmtrain.lab import experiments, store
-from vlmtrain.lab.runner import ROOT
+from vlmtrain.lab.kit import experiments, store
 
 TOKENS, VOCAB, HIDDEN = 12288, 151936, 2048
 """One H1 row through Qwen3-VL-30B-A3B's output layer (vocab 151936, hidden 2048)."""
@@ -61,8 +59,7 @@ def bytes_per_logit(impl: str, tokens: int = TOKENS, vocab: int = VOCAB, hidden:
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--repeats", type=experiments.at_least(3, "a median needs them"), default=3)
-    ap.add_argument("--results", type=Path, default=ROOT / "results"
-                    / "logits_memory_h200.jsonl")
+    experiments.add_results(ap, "logits_memory_h200.jsonl")
 
 
 def run(a: argparse.Namespace) -> int:

@@ -29,11 +29,9 @@ import random
 import statistics
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from vlmtrain.lab import experiments, store
-from vlmtrain.lab.runner import ROOT
+from vlmtrain.lab.kit import experiments, store
 
 HEADS, HEAD_DIM, VIT_LAYERS, MICRO_BATCHES = 16, 72, 27, 4
 """Qwen3-VL-30B-A3B's ViT, and H1's micro-batches per step (GBS 4 rows)."""
@@ -142,7 +140,7 @@ def time_variant(run: Callable[..., Any], x: dict[str, Any], repeats: int, iters
 
 def measure(names: list[str], repeats: int, iters: int, lengths: list[int]) -> list[tuple[str, dict[str, Any]]]:
     """(variant, metrics) for each variant that could run here; a missing library gives {"skipped": why}."""
-    from vlmtrain.lab import repeats as rep
+    from vlmtrain.lab.kit import schedule as rep
 
     x, fl, rows, first = _inputs(lengths), flops(lengths), [], None
     for name in names:
@@ -166,8 +164,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--repeats", type=experiments.at_least(3, "a median needs them"), default=5,
                     help="timed repeats per variant (median and min-max)")
     ap.add_argument("--iters", type=int, default=10, help="forward + backward calls per timed repeat")
-    ap.add_argument("--results", type=Path, default=ROOT / "results"
-                    / "vit_attention_h200.jsonl")
+    experiments.add_results(ap, "vit_attention_h200.jsonl")
     ap.add_argument("--list", action="store_true", help="print the shapes and exit (CPU)")
 
 

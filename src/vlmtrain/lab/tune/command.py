@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from vlmtrain.config.compose import CONF_DIR
-from vlmtrain.lab import experiments, store
-from vlmtrain.lab.cases import placed_resolved
+from vlmtrain.lab.kit import experiments, store
+from vlmtrain.lab.kit.case import placed_resolved
 
 PAUSED = 3
 """Exit status of an invocation that hit --max-wall-min: run the same command again to resume."""
@@ -96,7 +96,7 @@ def result_row(state: dict[str, Any], base: list[str], versus: list[str] | None)
 def main(args: argparse.Namespace) -> int:
     from vlmtrain.config import world
     from vlmtrain.config.overrides import check_args
-    from vlmtrain.lab import spec
+    from vlmtrain.lab.kit import spec
     from vlmtrain.lab.tune import outputs, search, trials
 
     config, launcher = split(args.overrides)
@@ -179,13 +179,13 @@ def add_arguments(tune: argparse.ArgumentParser) -> None:
     tune.add_argument("--cache-dir", type=Path, help="data.cache_dir of every trial: the data scan, processor, bins "
                       "and compiled kernels, shared by the trials and kept with the search (default: <tune dir>/cache;"
                       " a base data.cache_dir=... wins)")
-    tune.add_argument("--results", type=Path, help="append the search's row (winner, gpu_min, tune_vs_hand) here")
+    experiments.add_results(tune, None, "none: the search writes its row only where --results names a file")
     tune.add_argument("--plan", action="store_true", help="prune the first stage's candidates and stop (no GPU)")
 
 
 def run(args: argparse.Namespace) -> int:
     """`main`, a bad spec or --versus refused with exit 2."""
-    from vlmtrain.lab import spec
+    from vlmtrain.lab.kit import spec
 
     try:
         return main(args)

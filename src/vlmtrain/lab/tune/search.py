@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vlmtrain.lab.cases import Case, placed_resolved
-from vlmtrain.lab.spec import Spec, Stage
+from vlmtrain.lab.kit.case import Case, placed_resolved
+from vlmtrain.lab.kit.spec import Spec, Stage
 from vlmtrain.lab.tune import budget, finalists, ledger, space, trials
 from vlmtrain.lab.tune.budget import OutOfTime
 from vlmtrain.lab.tune.ledger import STATE
@@ -32,10 +32,11 @@ PREDICTED = ("step_s", "useful_tokens_per_s_per_gpu", "mfu")
 
 @dataclass
 class Entry:
-    """A configuration a decision weighs: its case (the trial's name, the knobs' overrides and values) and the
-    iterations it runs."""
+    """A configuration a decision weighs: its case (the trial's name and overrides), the knob values it was made from
+    (the next stage varies them) and the iterations it runs."""
 
     case: Case
+    values: dict[str, Any]
     iterations: int
 
 
@@ -119,11 +120,11 @@ class Search:
         budget.room(stage, name, self.trials, gpus=self.gpus, finalist_trials=self.finalist_trials(),
                     budget_gpu_s=self.budget_gpu_s, max_wall_s=self.max_wall_s, started=self.started, plan=self.plan)
         rule = trials.EarlyStop(**(self.spec.get("early_stop") or {})) if early else None
-        every = [*self.spec.base, *overrides, f"train.iterations={iterations}", f"wandb.group={self.group}",
-                 *self.extra]
+        case = Case(name, None, [*self.spec.base, *overrides, f"train.iterations={iterations}",
+                                 f"wandb.group={self.group}", *self.extra], multirun=True)
         print(f"[tune] {stage}: {name} ({iterations} iterations, repeat {repeat})", flush=True)
         self.ran_now += 1
-        out = trials.run(self.launch, self.dir / "trials" / tid, every, self.gpus, ledger.best(self.trials), rule,
+        out = trials.run(self.launch, self.dir / "trials" / tid, case, self.gpus, ledger.best(self.trials), rule,
                          self.poll_s)
         print(f"[tune]   {out.status}: {out.useful or 0:.0f} useful tokens/s/GPU {out.reason}", flush=True)
         self.trials[tid] = {"stage": stage, "name": name, "overrides": overrides, "iterations": iterations,
@@ -132,7 +133,7 @@ class Search:
         return out
 
     def run_entry(self, stage: str, e: Entry, repeat: int = 0, early: bool = True) -> trials.Outcome:
-        return self.trial(stage, e.case.name, e.case.overrides, e.iterations, repeat, early)
+        return self.trial(stage, e.case.name, self.spec.beyond_base(e.case), e.iterations, repeat, early)
 
     def settle(self, stage: str, entries: list[Entry]) -> list[Entry]:
         """`entries` (each with a finished run) by their figure, best first. Where others are within the run-to-run
@@ -187,7 +188,7 @@ class Search:
             return parents, incumbent
         if len(live) == 1 and stage is not self.spec.stages[-1]:
             record["skipped"] = f"one candidate ({live[0].case.name}): passed on, measured by the next stage"
-            return [live[0].case.values], incumbent
+            return [live[0].values], incumbent
         if not self.trials:
             n = sum(min(2, len(g)) for g in self._ladder_groups(stage, live)) if stage.ladder else len(live)
             budget.first_stage(self.state, stage.name, n, len(live), self.finalist_trials(), self.gpus,
@@ -200,7 +201,7 @@ class Search:
                 self._ladder(stage, live, done)
             else:
                 for c in live:
-                    e = Entry(c.case, stage.iterations)
+                    e = Entry(c.case, c.values, stage.iterations)
                     done.append((e, self.run_entry(stage.name, e)))
             order = self.settle(stage.name, self._contenders(done, incumbent))
         except OutOfTime as e:
@@ -218,8 +219,8 @@ class Search:
         record["before_useful"] = self.figure(incumbent.case.name) if incumbent else None
         if any(c["stage"] == stage.name for c in self.state["close"]):
             record["close"] = True
-        survivors = [e.case.values for e in order[: stage.keep]]
-        record["survivors"] = [self.spec.case(v).name for v in survivors]
+        survivors = [e.values for e in order[: stage.keep]]
+        record["survivors"] = [self.spec.name_of(v) for v in survivors]
         if stop:
             raise stop
         return survivors, order[0]
@@ -236,7 +237,7 @@ class Search:
         """The candidates per grid and combination of the knobs that do not climb, each group in ladder order."""
         groups: dict[str, list[space.Candidate]] = {}
         for c in live:
-            others = {k: v for k, v in c.case.values.items() if k not in stage.ladder}
+            others = {k: v for k, v in c.values.items() if k not in stage.ladder}
             groups.setdefault(json.dumps([c.grid, others], default=str), []).append(c)
         return list(groups.values())
 
@@ -247,7 +248,7 @@ class Search:
         for members in self._ladder_groups(stage, live):
             top: Entry | None = None
             for c in members:
-                e = Entry(c.case, stage.iterations)
+                e = Entry(c.case, c.values, stage.iterations)
                 out = self.run_entry(stage.name, e)
                 done.append((e, out))
                 if out.status != "ok":

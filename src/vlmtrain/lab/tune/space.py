@@ -4,7 +4,7 @@ Layouts (`layout: fsdp`, `dp` or `3d` in a stage's `vary`, alone or in a list) a
 divide: `dp` is data parallelism alone (Megatron's DDP with the distributed optimizer, every model-parallel degree 1:
 `3d-ep1`, so the 3D stage does not run it again), the layout with nothing to tune beside FSDP's; EP divides the
 experts and the ranks of a stage, TP the GPUs of a node, PP the decoder layers, VPP a stage's layers; ETP only at
-ETP = TP, and preflight's `etp_while_ep_fits` then refuses it where EP alone is enough (the guidance: ETP only when
+ETP = TP, and preflight's `etp_while_ep_fits` then refuses it where EP alone is enough (ETP only when
 EP is not enough). A knob's `{around: [d, ...]}` is the parent's value plus each d (the capacity's finer steps near
 the memory limit, once the stages before have changed what a row costs); a parent whose value is not a number gets
 none. A packed candidate (data.packing=<capacity>, MBS 1) trains GBS in rows (`packed_rows`). Each
@@ -14,15 +14,14 @@ estimate, which reads the capacity, included): a candidate with an error finding
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import itertools
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from vlmtrain.lab.cases import Case, placed_resolved
-from vlmtrain.lab.spec import Spec, Stage
+from vlmtrain.lab.kit.case import Case, placed_resolved
+from vlmtrain.lab.kit.spec import Spec, Stage
 
 if TYPE_CHECKING:
     from vlmtrain.config.resolve import Resolved
@@ -42,14 +41,14 @@ def _divisors(n: int, limit: int | None = None) -> list[int]:
 
 
 def _name(kind: str, tp: int = 1, pp: int = 1, vpp: int | None = None, cp: int = 1, ep: int = 1, etp: int = 1) -> str:
-    """A layout's name (vlmtrain.lab.spec.layout_overrides): the kind, then each degree above 1 (EP always)."""
+    """A layout's name (vlmtrain.lab.kit.spec.layout_overrides): the kind, then each degree above 1 (EP always)."""
     parts = [f"tp{tp}" * (tp > 1), f"pp{pp}" * (pp > 1), f"vpp{vpp}" if vpp else "", f"cp{cp}" * (cp > 1), f"ep{ep}",
              f"etp{etp}" * (etp > 1)]
     return "-".join([kind, *(p for p in parts if p)])
 
 
 def layouts(kind: str, world_size: int, gpus_per_node: int, num_experts: int, num_layers: int) -> list[str]:
-    """Layout names (vlmtrain.lab.spec.layout_overrides) of one kind for this world and model."""
+    """Layout names (vlmtrain.lab.kit.spec.layout_overrides) of one kind for this world and model."""
     if kind == "fsdp":
         return [_name("fsdp", ep=ep) for ep in _divisors(math.gcd(world_size, num_experts))]
     if kind == "dp":
@@ -80,9 +79,10 @@ class Around:
 
 @dataclass
 class Candidate:
-    """A stage's case (the knobs' overrides and values; a packed one's GBS in rows once pruned) and its pruning."""
+    """A stage's case (a packed one's GBS in rows once pruned), the knob values it was made from, and its pruning."""
 
     case: Case
+    values: dict[str, Any]
     grid: int = 0
     """Which of the stage's grids it comes from (a ladder climbs per grid)."""
     findings: list[str] = field(default_factory=list)
@@ -118,8 +118,8 @@ def candidates(spec: Spec, parents: list[dict[str, Any]], grids: list[dict[str, 
         for i, grid in enumerate(grids):
             varied = {k: v.values(parent.get(k)) if isinstance(v, Around) else v for k, v in grid.items()}
             for combo in itertools.product(*varied.values()):
-                case = spec.case({**parent, **dict(zip(varied, combo, strict=True))})
-                seen.setdefault(case.name, Candidate(case, i))
+                values = spec.values({**parent, **dict(zip(varied, combo, strict=True))})
+                seen.setdefault(spec.name_of(values), Candidate(spec.case(values), values, i))
     return list(seen.values())
 
 
@@ -182,9 +182,8 @@ def prune(spec: Spec, cands: list[Candidate], node_gpus: int) -> list[Candidate]
     """Size packed candidates' GBS in rows, then mark the candidates preflight refuses (pruned, with the findings
     that say why) and predict the others' speed; returns all of them."""
     for c in cands:
-        rows = packed_rows(spec, [*spec.base, *c.case.overrides], node_gpus)
-        c.case = dataclasses.replace(c.case, overrides=[*c.case.overrides, *rows])
-        c.findings, c.predicted = check([*spec.base, *c.case.overrides], node_gpus)
+        c.case = c.case.plus(*packed_rows(spec, c.case.overrides, node_gpus))
+        c.findings, c.predicted = check(c.case.overrides, node_gpus)
         c.pruned = any(f.startswith("[error]") for f in c.findings)
     return cands
 

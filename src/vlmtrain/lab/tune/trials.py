@@ -20,7 +20,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from vlmtrain.lab import runner
+from vlmtrain.lab.kit import runner
+from vlmtrain.lab.kit.case import Case
 from vlmtrain.observe import run_summary
 
 RUN_SUBDIR = "run"
@@ -75,18 +76,18 @@ class Handle(Protocol):
         """Seconds the trial has held its GPUs."""
 
 
-Launch = Callable[[Path, list[str]], Handle]
-"""(trial dir, every override of the trial) -> its started handle."""
+Launch = Callable[[Path, Case], Handle]
+"""(trial dir, the trial's case) -> its started handle."""
 
 
 class SweepProcess:
-    """`python train.py -m ... hydra.sweep.dir=<trial dir>` (vlmtrain.lab.runner: its own process group, torchrun and
-    the ranks with it); under hydra/launcher=slurm, stop() also cancels the Slurm jobs submitit started
+    """`python train.py -m ... hydra.sweep.dir=<trial dir>` (vlmtrain.lab.kit.runner: its own process group, torchrun
+    and the ranks with it); under hydra/launcher=slurm, stop() also cancels the Slurm jobs submitit started
     (`.submitit/<job id>`)."""
 
-    def __init__(self, trial_dir: Path, overrides: list[str]):
+    def __init__(self, trial_dir: Path, case: Case):
         self.trial_dir, self.run_dir = trial_dir, trial_dir / RUN_SUBDIR
-        self.run = runner.start(overrides, trial_dir, multirun=True, subdir=RUN_SUBDIR, log=trial_dir / "sweep.log")
+        self.run = runner.start(case.plus(multirun=True), trial_dir, subdir=RUN_SUBDIR, log=trial_dir / "sweep.log")
 
     def poll(self) -> int | None:
         return self.run.poll()
@@ -101,8 +102,8 @@ class SweepProcess:
         self.run.stop()
 
 
-def sweep_process(trial_dir: Path, overrides: list[str]) -> Handle:
-    return SweepProcess(trial_dir, overrides)
+def sweep_process(trial_dir: Path, case: Case) -> Handle:
+    return SweepProcess(trial_dir, case)
 
 
 def slower(rows: list[dict[str, Any]], best: float | None, rule: EarlyStop) -> bool:
@@ -170,11 +171,11 @@ def failure_reason(run_dir: Path) -> str:
     return job.reason or job.status
 
 
-def run(launch: Launch, trial_dir: Path, overrides: list[str], gpus: int, best: float | None = None,
+def run(launch: Launch, trial_dir: Path, case: Case, gpus: int, best: float | None = None,
         rule: EarlyStop | None = None, poll_s: float = POLL_S) -> Outcome:
-    """Start the trial, stop it early if it is a loser, and summarize its run dir (a screening trial, with a `rule`,
-    after its warm-up)."""
-    handle = launch(trial_dir, overrides)
+    """Start the trial (the case as a `-m` sweep of one job on `gpus` GPUs), stop it early if it is a loser, and
+    summarize its run dir (a screening trial, with a `rule`, after its warm-up)."""
+    handle = launch(trial_dir, case)
     stopped = False
     while (rc := handle.poll()) is None:
         rows = run_summary.read_jsonl(handle.run_dir / "metrics.jsonl")

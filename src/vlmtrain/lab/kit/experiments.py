@@ -1,10 +1,13 @@
-"""`vlmtrain lab <experiment> ...`: every experiment of the lab behind one parser, and the lab's index.
+"""`vlmtrain lab <experiment> ...`: every experiment of the lab behind one parser, the lab's index, and the flags
+experiments share.
 
-An experiment is a module with `add_arguments(parser)` (its command line) and `run(args) -> int` (its exit status;
-2 for a bad command line, before any GPU work); its docstring is its `--help`. EXPERIMENTS names each one and says in
-a line what it does. `vlmtrain sweep`, `vlmtrain overhead` and `vlmtrain tune` are three of them under their own
-names as well (ALIASES): the commands the results rows and the docs have always named. How to add one:
-docs/benchmarks.md, "Adding an experiment".
+An experiment is a module with `add_arguments(parser)` (its command line) and `run(args) -> int` (its exit status; 2 for
+a bad command line, before any GPU work); its docstring is its `--help`. EXPERIMENTS names each one and says in a line
+what it does; the index names modules and imports none until the parser is built. `vlmtrain sweep`, `vlmtrain overhead`
+and `vlmtrain tune` are three of them under their own names as well (ALIASES): the commands the results rows and the
+docs have always named. The flags many experiments take are declared here once: `add_results` (--results), `add_out`
+(--out), `add_commit` (--commit), `add_machine_run` (--machine-run), and the schedule's
+(vlmtrain.lab.kit.schedule.add_flags). How to add an experiment: docs/benchmarks.md, "Adding an experiment".
 
 Modules run as processes of their own are not experiments: the ranks torchrun starts (bridge_alone,
 bridge_recipe_rank, checks.packing_harness) and verification's logits step (checks.hf_parity).
@@ -14,14 +17,20 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import shlex
+import time
 from collections.abc import Callable
+from pathlib import Path
+
+from vlmtrain.lab.kit.runner import ROOT
+from vlmtrain.lab.kit.store import WINDOW_H
 
 EXPERIMENTS = {
     "cases": ("vlmtrain.lab.cases", "named train.py cases, one results row each (the gpu_training suite)"),
     "sweep": ("vlmtrain.lab.sweep", "a spec's named sweeps of cases, one results row each; its report"),
     "overhead": ("vlmtrain.lab.overhead_ab", "vlmtrain vs Bridge's pretrain() alone on a spec's case, in A/B pairs"),
-    "tune": ("vlmtrain.lab.tune.command", "search the guidance's knobs for this model and world; write the best as a "
+    "tune": ("vlmtrain.lab.tune.command", "search the knobs that matter for this model and world; write the best as a "
                                           "preset"),
     "bridge-recipe": ("vlmtrain.lab.bridge_recipe", "Megatron Bridge's own recipe of a benchmark, the peer, and "
                                                     "vlmtrain's ratio to it"),
@@ -67,6 +76,33 @@ def at_least(n: int, why: str) -> Callable[[str], int]:
         return int(text)
 
     return parse
+
+
+def add_results(ap: argparse.ArgumentParser, default: str | None, default_is: str | None = None) -> None:
+    """--results: the results file the experiment appends its rows to (default results/<default>, or `default_is`
+    where the experiment derives it)."""
+    ap.add_argument("--results", type=Path, default=ROOT / "results" / default if default else None,
+                    help=f"the results file its rows are appended to (default: {default_is or f'results/{default}'})")
+
+
+def add_out(ap: argparse.ArgumentParser, name: str, stamped: bool = False) -> None:
+    """--out: the folder its run dirs go to (default outputs/<name>, with `stamped` in a folder of this minute)."""
+    default = ROOT / "outputs" / name
+    ap.add_argument("--out", type=Path, default=default / time.strftime("%Y%m%d-%H%M%S") if stamped else default,
+                    help=f"where its run dirs go (default: outputs/{name}{'/<now>' if stamped else ''})")
+
+
+def add_machine_run(ap: argparse.ArgumentParser) -> None:
+    """--machine-run: the tag of the batch of measurements its rows belong to (vlmtrain.lab.kit.store)."""
+    ap.add_argument("--machine-run", default=None, metavar="TAG",
+                    help="the machine run its rows belong to (default: this host and GPUs' batch begun less than "
+                         f"{WINDOW_H} hours ago in the results file, else a new one)")
+
+
+def add_commit(ap: argparse.ArgumentParser) -> None:
+    """--commit: the commit the runs were made with, recorded in every row (default $VLMTRAIN_COMMIT)."""
+    ap.add_argument("--commit", default=os.environ.get("VLMTRAIN_COMMIT", "unknown"),
+                    help="the commit the runs were made with, recorded in every row (default: $VLMTRAIN_COMMIT)")
 
 
 def typed(args: argparse.Namespace) -> str:

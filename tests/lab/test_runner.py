@@ -1,5 +1,5 @@
-"""vlmtrain.lab.runner on real processes: a CPU dry run of train.py through `start` exits 0 and leaves its run dir and
-log; the env a run gets; a timeout, stop() and kill() end the whole process tree (a child in a session of its own
+"""vlmtrain.lab.kit.runner on real processes: a CPU dry run of train.py through `start` exits 0 and leaves its run dir
+and log; the env a run gets; a timeout, stop() and kill() end the whole process tree (a child in a session of its own
 and a grandchild included, as torchrun's ranks and an async checkpoint writer are)."""
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ from pathlib import Path
 
 import psutil
 
-from vlmtrain.lab import cases, runner
+from vlmtrain.lab.kit import runner
+from vlmtrain.lab.kit.baselines import TINY, steps
+from vlmtrain.lab.kit.case import Case
 
 TREE = "setsid sleep 300 & (sleep 300 & wait) & wait"
 """A launcher (bash), a child in a session of its own, a subshell and its child: four processes."""
@@ -32,22 +34,28 @@ def alive(pids: list[int]) -> list[int]:
 
 
 def test_a_dry_run_of_train_py_exits_0_and_leaves_its_run_dir_and_log(tmp_path: Path) -> None:
-    case = cases.Case("tiny_dry", 1, [*cases.TINY, *cases.steps(2)])
-    run = runner.start(cases.overrides(case, dry_run=True), tmp_path / "run", timeout_s=300)
+    case = Case("tiny_dry", 1, [*TINY, *steps(2)], dry_run=True)
+    run = runner.start(case, tmp_path / "run", timeout_s=300)
     assert run.wait() == 0, run.log.read_text()[-4000:]
     assert not run.timed_out and run.log == tmp_path / "run" / "train.log"
     assert (run.run_dir / "bridge_config.yaml").is_file() and (run.run_dir / "run.json").is_file()
     assert "Bridge validation: OK" in run.log.read_text()
 
 
-def test_the_command_and_what_a_row_records() -> None:
-    single = runner.argv(["model=tiny"], Path("/r"))
-    assert single == [sys.executable, str(runner.TRAIN_PY), "model=tiny", "hydra.run.dir=/r"]
-    sweep = runner.argv(["a=1,2"], Path("/s"), multirun=True, subdir="run")
-    assert sweep[2:] == ["-m", "a=1,2", "hydra.sweep.dir=/s", "hydra.sweep.subdir=run"]
-    assert runner.recorded(["a=1,2"], multirun=True) == "python train.py -m a=1,2"
-    assert runner.recorded(["model=tiny"]) == "python train.py model=tiny"
-    assert runner.argv(["model=tiny"], Path("/r"), checkout=Path("/before"))[1] == "/before/train.py"
+def test_a_case_s_command_line_is_written_once() -> None:
+    """The world, dry_run and no W&B run follow the overrides; a sweep's world is its own; a case that sets W&B
+    itself keeps it; the runner's command and a row's record are that line."""
+    single = Case("t", 2, ["model=tiny"], dry_run=False)
+    assert single.command_line() == ["model=tiny", "gpus_per_node=2", "dry_run=false", "wandb.enabled=false"]
+    assert runner.argv(single, Path("/r")) == [sys.executable, str(runner.TRAIN_PY), *single.command_line(),
+                                                "hydra.run.dir=/r"]
+    sweep = Case("s", None, ["a=1,2", "wandb.mode=offline"], multirun=True)
+    assert runner.argv(sweep, Path("/s"), subdir="run")[2:] == ["-m", "a=1,2", "wandb.mode=offline",
+                                                                 "hydra.sweep.dir=/s", "hydra.sweep.subdir=run"]
+    assert runner.recorded(sweep) == "python train.py -m a=1,2 wandb.mode=offline"
+    assert runner.recorded(Case("t", None, ["model=tiny"])) == "python train.py model=tiny wandb.enabled=false"
+    assert runner.argv(single, Path("/r"), checkout=Path("/before"))[1] == "/before/train.py"
+    assert single.plus("model=tiny_qwen35", name="q").setting("model") == "tiny_qwen35"
 
 
 PROBE = """import json, os, sys
@@ -62,9 +70,10 @@ def test_a_check_s_own_rank_starts_as_train_py_starts_its_ranks(tmp_path: Path, 
 
     (tmp_path / "probe_rank.py").write_text(PROBE)
     monkeypatch.setenv("PYTHONPATH", f"{tmp_path}:{runner.ROOT / 'src'}")
-    run = compose(*cases.TINY, "gpus_per_node=1", output_dir=str(tmp_path / "run"))
+    case = Case("probe", 1, TINY, module="probe_rank")
+    run = compose(*case.command_line(), output_dir=str(tmp_path / "run"))
     res = resolve(run)
-    ranks = runner.start_ranks(run, res, "probe_rank", log=tmp_path / "run" / "probe.log", timeout_s=120)
+    ranks = runner.start_ranks(case, run, res, log=tmp_path / "run" / "probe.log", timeout_s=120)
     assert ranks.wait() == 0, ranks.log.read_text()[-3000:]
     seen = json.loads(next(line for line in ranks.log.read_text().splitlines() if line.startswith("{")))
     assert seen["argv"] == [str(tmp_path / "run" / "run_config.yaml")] and (tmp_path / "run" / "run.json").is_file()

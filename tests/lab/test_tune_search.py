@@ -20,7 +20,8 @@ from omegaconf import OmegaConf
 
 from vlmtrain.config.compose import compose
 from vlmtrain.config.resolve import resolve
-from vlmtrain.lab import spec
+from vlmtrain.lab.kit import spec
+from vlmtrain.lab.kit.case import Case
 from vlmtrain.lab.tune import command, ledger, outputs, search, trials
 from vlmtrain.observe import run_summary
 
@@ -106,7 +107,8 @@ class Replay:
     def __init__(self, recordings: dict[str, list[dict[str, Any]]], crash_after: int | None = None):
         self.recordings, self.crash_after, self.launched, self.count = recordings, crash_after, [], {}
 
-    def __call__(self, trial_dir: Path, overrides: list[str]) -> ReplayHandle:
+    def __call__(self, trial_dir: Path, case: Case) -> ReplayHandle:
+        overrides = case.command_line()
         if self.crash_after is not None and len(self.launched) == self.crash_after:
             raise KeyboardInterrupt("the tune process was killed")
         key = config_key(overrides)
@@ -327,7 +329,8 @@ class RecordedRuns:
     def config(name: str) -> str:
         return name.removeprefix("final_").removeprefix("tune_")
 
-    def __call__(self, trial_dir: Path, overrides: list[str]) -> ReplayHandle:
+    def __call__(self, trial_dir: Path, case: Case) -> ReplayHandle:
+        overrides = case.command_line()
         name = self.config(trial_dir.name.rsplit("-it", 1)[0])
         k = self.count[name] = self.count.get(name, 0) + 1
         later = self.runs.get(name, [])[1:]

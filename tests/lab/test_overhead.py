@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from vlmtrain.lab import overhead, overhead_ab, spec, store
+from vlmtrain.lab import overhead, overhead_ab
+from vlmtrain.lab.kit import spec, store
 from vlmtrain.observe import run_summary
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,7 +1,7 @@
-"""Issue 9 benchmarks on CPU: every case of the declarative spec conf/tune/perf_h200x2.yaml expands and passes
+"""The 2 x H200 benchmarks on CPU: every case of the declarative spec conf/tune/perf_h200x2.yaml expands and passes
 preflight as train.py would compose it, rows are assembled from real GPU run files, and the report is produced from
 the results file alone (the overhead measurement: test_overhead.py). Named for vlmtrain.lab.sweep; it also tests
-lab.spec, lab.cases, lab.store and lab.sweep_report on that spec."""
+lab.kit.spec, lab.kit.case, lab.kit.store and lab.sweep_report on that spec."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ from vlmtrain.check import preflight
 from vlmtrain.config import world
 from vlmtrain.config.compose import compose
 from vlmtrain.config.resolve import resolve
-from vlmtrain.lab import cases as run_cases
-from vlmtrain.lab import spec, store, sweep, sweep_report
+from vlmtrain.lab import sweep, sweep_report
+from vlmtrain.lab.kit import spec, store
+from vlmtrain.lab.kit.case import Case
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,7 +27,10 @@ PERF = spec.load("perf_h200x2")
 GPUS, ITERATIONS = PERF.get("gpus"), PERF.get("iterations")
 GBS = PERF.defaults["train.global_batch_size"]
 B, BEST = PERF.case({}), PERF.case(PERF.get("best"))
-ALL = [(sweep.as_run_case(PERF, c, ITERATIONS), c) for c in PERF.expand(["all"])]
+BEST_VALUES = PERF.values(PERF.get("best"))
+ALL = list({PERF.name_of(e): (PERF.case(e, ITERATIONS).plus(dry_run=False), PERF.values(e))
+            for name in PERF.get("sweeps") for e in PERF.entries(name)}.values())
+"""(case as the sweep runs it, the knob values it was made from), every case once."""
 MEASURED = ROOT / "tests" / "fixtures" / "perf_h200x2" / "perf_h200x2.jsonl"
 """results/perf_h200x2.jsonl as of the last sweep, copied (tests/fixtures/README.md): the rows the claims rest on."""
 BENCHMARK = ["model=qwen3_vl_30b_a3b", "model.num_layers=8", "train.seq_length=4096", "hardware=h200"]
@@ -40,24 +44,24 @@ def perf_main(*argv: str) -> int:
     return cli.main(["sweep", "perf_h200x2", *argv])
 
 
-def expand(sweeps: list[str], only: list[str] | None = None) -> list[run_cases.Case]:
-    return [sweep.as_run_case(PERF, c, ITERATIONS) for c in PERF.expand(sweeps, only)]
+def expand(sweeps: list[str], only: list[str] | None = None) -> list[Case]:
+    return [c.plus(dry_run=False) for c in PERF.expand(sweeps, only, ITERATIONS)]
 
 
-def composed(case: run_cases.Case) -> object:
-    return compose(run_cases.overrides(case, dry_run=True))
+def composed(case: Case) -> object:
+    return compose(case.plus(dry_run=True).command_line())
 
 
 def test_sweeps_expand_to_unique_benchmark_cases() -> None:
     assert {c.name for c in PERF.expand(["mbs"])} <= {c.name for c, _ in ALL}
-    everything = {PERF.case(e).name for name in PERF.get("sweeps") for e in PERF.entries(name)}
-    assert len({c.name for c, _ in ALL}) == len(ALL) == len(everything) == 32
+    assert [c.name for c in PERF.expand(["all"])] == [c.name for c, _ in ALL]
+    assert len({c.name for c, _ in ALL}) == len(ALL) == 32
     for name in PERF.get("sweeps"):
         assert len(PERF.expand([name])) == len(PERF.entries(name)) >= 2, name
     for case, k in ALL:
         assert case.gpus == 2 and all(o in case.overrides for o in BENCHMARK), case.name
-        assert ("frozen" in case.name) == (k.values["vision"] == "frozen"), case.name
-        gbs, mbs, packed = (k.values[key] for key in ("train.global_batch_size", "train.micro_batch_size",
+        assert ("frozen" in case.name) == (k["vision"] == "frozen"), case.name
+        gbs, mbs, packed = (k[key] for key in ("train.global_batch_size", "train.micro_batch_size",
                                                        "data.packing"))
         assert (f"_gbs{gbs}" in case.name) == (gbs != GBS) and (f"_mbs{mbs}_" in case.name), case.name
         # a packed case of MBS m runs one row of max(m x 1024, 4096) tokens per micro-batch, MBS 1, GBS / m rows
@@ -87,7 +91,7 @@ def test_cases_are_the_recorded_rows_configs() -> None:
     for case, _ in ALL:
         row = rows.get(case.name)
         if row and "config" in row:
-            assert sorted(run_cases.overrides(case)) == sorted(legacy_as_run(row["config"])), case.name
+            assert sorted(case.command_line()) == sorted(legacy_as_run(row["config"])), case.name
             matched += 1
             packed += "data.packing=true" in row["config"]
     assert matched >= 25 and packed >= 10
@@ -100,12 +104,12 @@ def test_cases_are_the_recorded_rows_configs() -> None:
 
 
 @pytest.mark.parametrize(("case", "knobs"), ALL, ids=[c.name for c, _ in ALL])
-def test_every_case_passes_preflight(case: run_cases.Case, knobs: run_cases.Case) -> None:
+def test_every_case_passes_preflight(case: Case, knobs: dict) -> None:
     """Packed cases run as capacities that the memory estimate reads: beyond the preset's 12288 tokens (MBS 16,
     which ran out of memory on the GPU as MBS-sample packing) it refuses them."""
     run = composed(case)
     refused = [f.rule for f in preflight.errors(preflight.check(run, resolve(run)))]
-    too_big = knobs.values["data.packing"] and run.data.packing > 12288
+    too_big = knobs["data.packing"] and run.data.packing > 12288
     assert refused == (["memory_fits"] if too_big else [])
     assert world.layout(run).world_size == 2 and run.train.seq_length == 4096 and run.model.num_layers == 8
 
@@ -129,10 +133,10 @@ def test_best_case_ships_as_the_preset(bridge: object, tmp_path: Path) -> None:
     from vlmtrain.config import redact
     from vlmtrain.train import bridge_patches
 
-    case = sweep.as_run_case(PERF, BEST, ITERATIONS)
+    case = PERF.case(PERF.get("best"), ITERATIONS)
     preset = compose(["experiment=perf_h200x2_best", f"train.iterations={ITERATIONS}", "dry_run=true",
                       "wandb.enabled=false"], output_dir=str(tmp_path))
-    ran = compose(run_cases.overrides(case, dry_run=True), output_dir=str(tmp_path))
+    ran = compose(case.plus(dry_run=True).command_line(), output_dir=str(tmp_path))
     assert preset.choices.pop("experiment") == "perf_h200x2_best" and preset.choices.pop("kernels") == "fast"
     assert ran.choices.pop("kernels") == "default"
     assert resolve(preset).env_vars == resolve(ran).env_vars
@@ -168,9 +172,9 @@ def test_best_case_ships_as_the_preset(bridge: object, tmp_path: Path) -> None:
     best = full[BEST.name]
     assert best >= (1 - PERF.get("tie")) * max(full.values())
     faster = [k for c, k in ALL if full.get(c.name, 0.0) > best]
-    bgbs = BEST.values["train.global_batch_size"]
-    assert all({**k.values, "train.global_batch_size": bgbs} == BEST.values
-               and k.values["train.global_batch_size"] > bgbs for k in faster)
+    bgbs = BEST_VALUES["train.global_batch_size"]
+    assert all({**k, "train.global_batch_size": bgbs} == BEST_VALUES and k["train.global_batch_size"] > bgbs
+               for k in faster)
 
 
 def test_parallelism_cases_do_equal_useful_work() -> None:
@@ -185,7 +189,7 @@ def test_parallelism_cases_do_equal_useful_work() -> None:
 def test_cli_lists_and_rejects_unknown_sweeps(capsys: pytest.CaptureFixture[str]) -> None:
     assert perf_main("--sweep", "frozen", "mock", "--list") == 0
     out = capsys.readouterr().out
-    assert PERF.case({"vision": "frozen"}).name in out and "EP2 DP2" in out
+    assert PERF.name_of({"vision": "frozen"}) in out and "EP2 DP2" in out
     assert perf_main("--sweep", "nope", "--list") == 2  # one message naming the sweeps there are, no traceback
     assert "vlmtrain sweep: perf_h200x2: no sweep 'nope' (sweeps: " in capsys.readouterr().err
     assert perf_main("--list") == 2 and "--sweep is required" in capsys.readouterr().err
@@ -194,17 +198,17 @@ def test_cli_lists_and_rejects_unknown_sweeps(capsys: pytest.CaptureFixture[str]
 def test_row_from_real_run_files(tmp_path: Path) -> None:
     case, _ = ALL[0]
     path = tmp_path / "perf.jsonl"
-    row = run_cases.record(case, 0, FSDP_EP2, 120.0, path, config=run_cases.overrides(case))
+    row = store.record(case, 0, FSDP_EP2, 120.0, path, config=case.command_line())
     assert row is not None and json.loads(path.read_text()) == row
     assert {"useful_tokens_per_s_per_gpu", "mfu", "step_s", "peak_mem_gib"} <= set(row["metrics"])
     # with vlmtrain.observe.timing's component times in the run files, the split rides along (the report shows it)
-    timed = run_cases.record(case, 0, ROOT / "tests" / "fixtures" / "gpu_runs" / "tiny_fsdp_ep1_wandb_timing", 60.0,
-                             tmp_path / "timed.jsonl")
+    timed = store.record(case, 0, ROOT / "tests" / "fixtures" / "gpu_runs" / "tiny_fsdp_ep1_wandb_timing", 60.0,
+                         tmp_path / "timed.jsonl")
     assert 0 < timed["metrics"]["time_vision_s"] + timed["metrics"]["time_decoder_s"] < timed["metrics"]["step_s"]
     assert "time_vision_s" not in row["metrics"]  # these older run files predate the timers
-    assert row["config"] == run_cases.overrides(case) and "dry_run=false" in row["config"]
+    assert row["config"] == case.command_line() and "dry_run=false" in row["config"]
     assert row["command"] == "python train.py " + " ".join(row["config"])
-    assert run_cases.record(case, 1, FSDP_EP2, 1.0, path) is None and len(path.read_text().splitlines()) == 1
+    assert store.record(case, 1, FSDP_EP2, 1.0, path) is None and len(path.read_text().splitlines()) == 1
 
 
 def test_real_vs_mock_row_and_skip_done(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -212,12 +216,12 @@ def test_real_vs_mock_row_and_skip_done(tmp_path: Path, capsys: pytest.CaptureFi
     real, mock = expand(["mock"])
     cmd = f"{ENTRY} --sweep mock"
     path = tmp_path / "perf.jsonl"
-    run_cases.record(real, 0, THREE_D_EP2, 80.0, path, config=run_cases.overrides(real))
+    store.record(real, 0, THREE_D_EP2, 80.0, path, config=real.command_line())
     assert sweep.mock_ratio_row(PERF, {mock.name}, path, cmd) is None  # no mock row yet
-    run_cases.record(mock, 0, FSDP_EP2, 120.0, path, config=run_cases.overrides(mock))
+    store.record(mock, 0, FSDP_EP2, 120.0, path, config=mock.command_line())
     assert sweep.mock_ratio_row(PERF, set(), path, cmd) is None  # neither side ran in this invocation
     row = sweep.mock_ratio_row(PERF, {mock.name}, path, cmd)
-    assert row is not None and row["config"] == {"real": run_cases.overrides(real), "mock": run_cases.overrides(mock)}
+    assert row is not None and row["config"] == {"real": real.command_line(), "mock": mock.command_line()}
     assert row["metrics"]["real_over_mock_step_s"] < 1  # the 3D run files stand in for "real": faster steps
     capsys.readouterr()
     assert perf_main("--sweep", "mock", "frozen", "--skip-done", "--list", "--results", str(path)) == 0
@@ -253,7 +257,7 @@ def test_report_states_every_claim_from_the_results_file(tmp_path: Path) -> None
     noted = [r for n, r in sweep_report.latest_rows(MEASURED).items() if n.startswith("overhead_") and r.get("note")]
     assert noted and all(f"({r['note']})" in md for r in noted)
     # frozen-vision rows stand in their own table, never ranked among full-training rows
-    full, frozen = md.split("## Frozen vision")[0], md.split("## Frozen vision")[1].split("## The seed")[0]
+    full, frozen = md.split("## Frozen vision")[0], md.split("## Frozen vision")[1].split("## The spec")[0]
     assert "_frozen_" not in full and "_trainable_" not in frozen
     assert frozen.count("_frozen_") == sum("_frozen_" in n for n in sweep_report.latest_rows(MEASURED)) > 0
     rows = [r for r in sweep_report.latest_rows(MEASURED).values() if r["name"] != B.name]

@@ -1,10 +1,12 @@
-"""One way to start a `python train.py` run from the lab: the command, its env, run dir, log, timeout and GPU slot.
+"""One way to start a run from the lab: a Case's `python train.py` run with its command, env, run dir, log, timeout and
+GPU slot.
 
 Every process the lab starts begins here (sweeps, tune's trials, the overhead A/B, the GPU checks and the acceptance
-suite), so they all see the same environment rules and leave the same files behind. `start` builds a train.py run;
-`start_ranks` starts a composed run's ranks running a module of their own (a check's rank: what `python train.py`
-launches, with another module in place of vlmtrain.worker); `spawn`, their lower layer, starts any command the same
-way (the torchrun ranks of Bridge-only peers, a check's step in a process of its own).
+suite), so they all see the same environment rules and leave the same files behind. `start` starts a Case's train.py
+run; `start_ranks` a composed Case's ranks running its `module` (a check's rank: what `python train.py` launches,
+with another module in place of vlmtrain.worker); `side_by_side` several cases on disjoint GPU slots; `spawn`, their
+lower layer, starts any command the same way (the torchrun ranks of Bridge-only peers, a check's step in a process
+of its own).
 
 Each run is a session of its own (a process group): stopping or killing it takes the launcher, torchrun and every
 rank with it, and a timeout kills the whole tree rather than leaving a rank holding the GPU.
@@ -27,6 +29,7 @@ from typing import TYPE_CHECKING
 import psutil
 
 from vlmtrain.config.compose import CONF_DIR
+from vlmtrain.lab.kit.case import Case
 
 if TYPE_CHECKING:
     from vlmtrain.config.resolve import Resolved
@@ -53,18 +56,18 @@ def free_port() -> int:
             return port
 
 
-def argv(overrides: Sequence[str], run_dir: Path, multirun: bool = False, subdir: str | None = None,
-         checkout: Path = ROOT) -> list[str]:
-    """`python train.py [-m] <overrides> hydra.run.dir=<run_dir>` (hydra.sweep.dir, and its subdir, with -m), the
-    train.py of `checkout` (default: this one)."""
-    where = [f"hydra.sweep.dir={run_dir}", *([f"hydra.sweep.subdir={subdir}"] if subdir else [])] if multirun \
+def argv(case: Case, run_dir: Path, subdir: str | None = None, checkout: Path = ROOT) -> list[str]:
+    """`python train.py [-m] <the case's command line> hydra.run.dir=<run_dir>` (hydra.sweep.dir, and its subdir,
+    for a multirun case), the train.py of `checkout` (default: this one)."""
+    where = [f"hydra.sweep.dir={run_dir}", *([f"hydra.sweep.subdir={subdir}"] if subdir else [])] if case.multirun \
         else [f"hydra.run.dir={run_dir}"]
-    return [sys.executable, str(checkout / TRAIN_PY.name), *(["-m"] if multirun else []), *overrides, *where]
+    return [sys.executable, str(checkout / TRAIN_PY.name), *(["-m"] if case.multirun else []), *case.command_line(),
+            *where]
 
 
-def recorded(overrides: Sequence[str], multirun: bool = False) -> str:
-    """The command as a results row records it: everything but the interpreter's path and the run dir."""
-    return " ".join(["python train.py", *(["-m"] if multirun else []), *overrides])
+def recorded(case: Case) -> str:
+    """The case's command as a results row records it: everything but the interpreter's path and the run dir."""
+    return " ".join(["python train.py", *(["-m"] if case.multirun else []), *case.command_line()])
 
 
 def kill_tree(proc: subprocess.Popen) -> int:
@@ -158,28 +161,40 @@ def spawn(cmd: Sequence[str], run_dir: Path, *, log: Path | None = None, env: Ma
     return Run(proc, run_dir, log, timeout_s)
 
 
-def start(overrides: Sequence[str], run_dir: Path, *, multirun: bool = False, subdir: str | None = None,
-          log: Path | None = None, env: Mapping[str, str] | None = None, gpus: Sequence[int] | None = None,
-          port: int | None = None, timeout_s: float | None = None, fresh: bool = False, checkout: Path = ROOT) -> Run:
-    """`python train.py [-m] <overrides>` into run_dir (hydra.run.dir, or hydra.sweep.dir with `multirun`), run in
-    `checkout`: see `argv` for the command and `spawn` for the rest. A single run gets MASTER_PORT (`env`'s, else
-    `port`, else a free one); a multirun's jobs take their own (launch.local: a free one each; launch.slurm: one from
-    the job id)."""
-    if not multirun and not (env or {}).get("MASTER_PORT"):
+def start(case: Case, run_dir: Path, *, subdir: str | None = None, log: Path | None = None,
+          env: Mapping[str, str] | None = None, gpus: Sequence[int] | None = None, port: int | None = None,
+          timeout_s: float | None = None, fresh: bool = False, checkout: Path = ROOT) -> Run:
+    """The case's `python train.py [-m] ...` into run_dir (hydra.run.dir, or hydra.sweep.dir for a multirun case),
+    run in `checkout`: see `argv` for the command and `spawn` for the rest. A single run gets MASTER_PORT (`env`'s,
+    else `port`, else a free one); a multirun's jobs take their own (launch.local: a free one each; launch.slurm: one
+    from the job id)."""
+    if not case.multirun and not (env or {}).get("MASTER_PORT"):
         port = port or free_port()
-    return spawn(argv(overrides, run_dir, multirun, subdir, checkout), run_dir, log=log, env=env, gpus=gpus,
-                 port=port, timeout_s=timeout_s, fresh=fresh, cwd=checkout)
+    return spawn(argv(case, run_dir, subdir, checkout), run_dir, log=log, env=env, gpus=gpus, port=port,
+                 timeout_s=timeout_s, fresh=fresh, cwd=checkout)
 
 
-def start_ranks(run: RunConfig, res: Resolved, module: str, *, log: Path | None = None,
+def side_by_side(cases: list[Case], out: Path) -> list[tuple[Case, int, Path, float]]:
+    """The cases started at once, each in a fresh out/<name> on GPU slots of its own (CUDA_VISIBLE_DEVICES), then
+    waited for: (case, exit status, run dir, wall seconds) each."""
+    runs, next_gpu = [], 0
+    for case in cases:
+        gpus = list(range(next_gpu, next_gpu + (case.gpus or 1)))
+        runs.append((case, start(case, out / case.name, gpus=gpus, fresh=True)))
+        next_gpu = gpus[-1] + 1
+    return [(c, r.wait(), r.run_dir, r.wall_s()) for c, r in runs]
+
+
+def start_ranks(case: Case, run: RunConfig, res: Resolved, *, log: Path | None = None,
                 gpus: Sequence[int] | None = None, timeout_s: float | None = None) -> Run:
-    """The ranks of a composed and resolved run, launched as `python train.py` launches them (its saved run config,
-    torchrun, the resolved env vars unless set, a free MASTER_PORT), each running `module` (a Case's) on the saved
-    config instead of vlmtrain.worker; the run dir is the run's output_dir. The caller has run preflight and the
-    data scan, as vlmtrain.flow does before it launches."""
+    """The ranks of the case's run, composed and resolved (`run`, `res`), launched as `python train.py` launches them
+    (its saved run config, torchrun, the resolved env vars unless set, a free MASTER_PORT), each running the case's
+    `module` on the saved config instead of vlmtrain.worker; the run dir is the run's output_dir. The caller has run
+    preflight and the data scan, as vlmtrain.flow does before it launches."""
     from vlmtrain.launch import local
 
+    assert case.module, f"{case.name}: start_ranks runs a case's own rank module"
     path, lay, port = local.save_run_config(run, res), res.layout, free_port()
     env = local.rank_env(res)
-    return spawn(local.torchrun(module, [str(path)], lay.gpus_per_node, lay.nodes, port), Path(run.output_dir),
+    return spawn(local.torchrun(case.module, [str(path)], lay.gpus_per_node, lay.nodes, port), Path(run.output_dir),
                  log=log, env=env, gpus=gpus, port=port, timeout_s=timeout_s)

@@ -16,14 +16,14 @@ from vlmtrain.lab.checks import slurm_preempt as sp
 from vlmtrain.launch import slurm
 
 CASE = sp.CASES["tiny"]
-REF = {s: 10.0 - 0.1 * s for s in range(sp.iterations(CASE))}
+REF = {s: 10.0 - 0.1 * s for s in range(sp.iterations(CASE.case))}
 
 
 def test_submitted_training_saves_only_on_the_exit_signal(compose, bridge, tmp_path):
     from vlmtrain.build import container
 
     ckpt = tmp_path / "ckpt"
-    run = compose(*sp.overrides(sp.CASES["30b"], ckpt))
+    run = compose(*sp.saving(sp.CASES["30b"].case, ckpt).command_line())
     assert (run.model.name, run.model.num_layers, run.data.kind) == ("qwen3_vl_30b_a3b", 4, "realistic")
     cfg = container.build(run, resolve(run))
     assert cfg.checkpoint.save == cfg.checkpoint.load == str(ckpt)
@@ -31,23 +31,24 @@ def test_submitted_training_saves_only_on_the_exit_signal(compose, bridge, tmp_p
     assert cfg.train.exit_signal_handler is True
     assert (cfg.train.micro_batch_size, cfg.train.global_batch_size, cfg.train.train_iters) == (1, 2, 8)
     # the reference run is the same training without checkpoints
-    plain = compose(*sp.overrides(sp.CASES["30b"], None))
+    plain = compose(*sp.CASES["30b"].case.command_line())
     ref = container.build(plain, resolve(plain))
     assert ref.checkpoint.save is None and ref.train.train_iters == 8
 
 
 def test_disk_check_sizes_the_30b_checkpoint(tmp_path):
-    need = sp.checkpoint_gib(sp.CASES["30b"])
+    need = sp.checkpoint_gib(sp.CASES["30b"].case)
     assert 40 < need < 60  # 4 layers of 128 experts + the 27-layer ViT: BF16 weights + 12 B/param of Adam state
-    assert sp.checkpoint_gib(CASE) < 2  # tiny: mostly its 151k-token embedding and output layer
-    big = sp.CASES["30b"]
+    assert sp.checkpoint_gib(CASE.case) < 2  # tiny: mostly its 151k-token embedding and output layer
+    big = sp.CASES["30b"].case
     assert sp.disk_problem(big, tmp_path, need, need + sp.DISK_MARGIN_GIB) is None
     problem = sp.disk_problem(big, tmp_path, need, need)
     assert problem is not None and "--ckpt" in problem and "--layers" in problem and str(tmp_path) in problem
     # the fallback for a smaller disk: fewer decoder layers of the same shape, a smaller checkpoint
-    two = sp.with_layers(big, 2)
+    smaller = sp.with_layers(sp.CASES["30b"], 2)
+    two = smaller.case
     assert two.name == "qwen3_vl_30b_a3b_l2" and two.setting("model.num_layers") == "2"
-    assert len(two.overrides) == len(big.overrides) and two.interrupt_after == big.interrupt_after
+    assert len(two.overrides) == len(big.overrides) and smaller.signal_after == sp.CASES["30b"].signal_after
     assert sp.checkpoint_gib(two) < need - 10
 
 
@@ -64,7 +65,7 @@ def requeued_run(tmp_path: Path, saved: int = 4, logged_before: int = 4, off: fl
     slurm.write_rank_record(str(run_dir), first)
     slurm.write_rank_record(str(run_dir), {**first, "signal": {"name": "SIGUSR2", "forwarded": "SIGTERM"}})
     slurm.write_rank_record(str(run_dir), _record("17", "1"))
-    steps = [*range(logged_before), *range(saved, sp.iterations(CASE))]
+    steps = [*range(logged_before), *range(saved, sp.iterations(CASE.case))]
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "lm_loss": REF[s] + off}) + "\n"
                                                    for s in steps))
     (ckpt / f"iter_{saved:07d}").mkdir(parents=True)

@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from vlmtrain.config.compose import CONF_DIR
-from vlmtrain.lab.cases import Case
+from vlmtrain.lab.kit.case import Case
 
 SPEC_DIR = CONF_DIR / "tune"
 LAYOUT = re.compile(r"^(fsdp|3d)((?:-(?:tp|pp|vpp|cp|ep|etp)\d+)*)$")
@@ -145,17 +145,26 @@ class Spec:
             raise SpecError(f"{self.name}: unknown knob {unknown[0]!r} (knobs: {', '.join(self.knobs)})")
         return {**self.defaults, **entry}
 
-    def case(self, entry: dict[str, Any]) -> Case:
-        """The case of `entry` (knob -> value, over the defaults): its name, the knobs' overrides (the spec's `base`
-        not included), the spec's GPUs and the knob values."""
+    def case(self, entry: dict[str, Any], iterations: int | None = None) -> Case:
+        """The case of `entry` (knob -> value, over the defaults): its name, every override of `python train.py`
+        (the spec's `base`, the knobs' overrides, `train.iterations` where given) and the spec's GPUs."""
+        return Case(self.name_of(entry), int(self.get("gpus", 1)), [*self.base, *self.knob_overrides(entry),
+                    *([f"train.iterations={iterations}"] if iterations is not None else [])])
+
+    def name_of(self, entry: dict[str, Any]) -> str:
+        """The case name of `entry`: the prefix and each knob's name part."""
         values = self.values(entry)
         parts = [p for k, knob in self.knobs.items() for p in knob.name_parts(values.get(k))]
-        name = "_".join([self.get("prefix"), *parts] if self.get("prefix") else parts)
+        return "_".join([self.get("prefix"), *parts] if self.get("prefix") else parts)
+
+    def knob_overrides(self, entry: dict[str, Any]) -> list[str]:
+        """The overrides the knobs of `entry` make."""
+        values = self.values(entry)
         overrides = [o for k, knob in self.knobs.items() for o in knob.overrides(values.get(k))]
         for k, knob in self.knobs.items():
             if knob.mbs_as_capacity and values.get(k) is True:
                 overrides = mbs_as_capacity(overrides, k, **knob.mbs_as_capacity)
-        return Case(name, int(self.get("gpus", 1)), overrides, values=values)
+        return overrides
 
     def entries(self, sweep: str) -> list[dict[str, Any]]:
         """A sweep's cases as knob -> value mappings (grids expanded in order)."""
@@ -170,15 +179,20 @@ class Spec:
                 out.append({**fixed, **dict(zip(grid, combo, strict=True))})
         return out
 
-    def expand(self, sweeps: list[str], only: list[str] | None = None) -> list[Case]:
+    def beyond_base(self, case: Case) -> list[str]:
+        """A case's overrides after the spec's base (what tune's trials and preset record beside the base)."""
+        assert case.overrides[: len(self.base)] == self.base, f"{case.name} is not a case of spec {self.name}"
+        return case.overrides[len(self.base):]
+
+    def expand(self, sweeps: list[str], only: list[str] | None = None, iterations: int | None = None) -> list[Case]:
         """The cases of the named sweeps ("all": every sweep), in order, each once (sweeps share cases)."""
         names = list(self.get("sweeps") or {}) if "all" in sweeps else sweeps
         seen: dict[str, Case] = {}
         for sweep in names:
             for entry in self.entries(sweep):
-                case = self.case(entry)
-                if case.name not in seen and (not only or any(s in case.name for s in only)):
-                    seen[case.name] = case
+                name = self.name_of(entry)
+                if name not in seen and (not only or any(s in name for s in only)):
+                    seen[name] = self.case(entry, iterations)
         return list(seen.values())
 
 

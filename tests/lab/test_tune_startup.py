@@ -14,7 +14,8 @@ import pytest
 
 from vlmtrain.config.groups import model
 from vlmtrain.config.groups.kernels import cache_root
-from vlmtrain.lab import spec
+from vlmtrain.lab.kit import spec
+from vlmtrain.lab.kit.case import Case
 from vlmtrain.lab.tune import command, outputs, space, trials
 from vlmtrain.observe import run_summary
 
@@ -125,8 +126,9 @@ def test_screening_trials_measure_after_a_shorter_warmup(tmp_path: Path) -> None
     rule = trials.EarlyStop(**s.get("early_stop"))
     assert rule.warmup == 2 and all(st.iterations - rule.warmup == 3 for st in s.stages)
     rows = run_summary.read_jsonl(RUN)[:5]
-    screen = trials.run(lambda d, o: Recorded(d / trials.RUN_SUBDIR, rows), tmp_path / "a", [], 1, None, rule, 0.0)
-    final = trials.run(lambda d, o: Recorded(d / trials.RUN_SUBDIR, rows), tmp_path / "b", [], 1, None, None, 0.0)
+    case = Case("screen", None, multirun=True)
+    screen = trials.run(lambda d, c: Recorded(d / trials.RUN_SUBDIR, rows), tmp_path / "a", case, 1, None, rule, 0.0)
+    final = trials.run(lambda d, c: Recorded(d / trials.RUN_SUBDIR, rows), tmp_path / "b", case, 1, None, None, 0.0)
     assert screen.status == final.status == "ok"
     assert screen.useful == run_summary.summarize_rows(rows, 2)["useful_tokens_per_s_per_gpu"]
     assert final.useful == run_summary.summarize_rows(rows, 3)["useful_tokens_per_s_per_gpu"]

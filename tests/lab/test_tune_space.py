@@ -14,7 +14,8 @@ from omegaconf import OmegaConf
 
 from vlmtrain.config.compose import CONF_DIR
 from vlmtrain.config.resolve import resolve
-from vlmtrain.lab import cases, spec
+from vlmtrain.lab.kit import case as kit_case
+from vlmtrain.lab.kit import spec
 from vlmtrain.lab.tune import space
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,15 +67,15 @@ def test_h1_batch_stage_prunes_by_the_capacity() -> None:
     batch = s.stages[0]
     cands = space.prune(s, space.candidates(s, [s.defaults],
                                             space.stage_values(batch, run, 1, 1)), 1)
-    live = {c.case.values["data.packing"]: c.case.overrides for c in cands
-            if not c.pruned and c.case.values["data.packing"]}
+    live = {c.values["data.packing"]: s.beyond_base(c.case) for c in cands
+            if not c.pruned and c.values["data.packing"]}
     assert {cap: [o for o in ov if o.startswith("train.global")] for cap, ov in live.items()} == {
         4096: ["train.global_batch_size=12"], 8192: ["train.global_batch_size=6"],
         12288: ["train.global_batch_size=4"]}
     refused = {c.case.name: c.findings[0] for c in cands if c.pruned}
     assert len(refused) == len(cands) - len(live) - 2  # unpacked MBS 1 and 2 fit
     assert all(why.startswith("[error] memory_fits") for why in refused.values())
-    assert {c.case.values["data.packing"] for c in cands if c.pruned} == {16384, 24576, 32768, False}
+    assert {c.values["data.packing"] for c in cands if c.pruned} == {16384, 24576, 32768, False}
 
 
 def test_h1_hand_found_preset_passes_preflight_on_one_h200() -> None:
@@ -163,18 +164,18 @@ def test_space_reaches_every_shipped_preset(preset: str) -> None:
         samples = round(samples * target["data.packing"] / s.get("packed_rows")["tokens_per_sample"])
     s.base = [*s.base, *given, f"train.global_batch_size={samples}"]
     space.fill_defaults(s, gpus)
-    run, res = cases.placed_resolved(s.base, gpus)
+    run, res = kit_case.placed_resolved(s.base, gpus)
     parent, path = s.defaults, []
     for stage in s.stages:
         grids = space.stage_values(stage, run, res.layout.world_size, res.layout.gpus_per_node)
         options = space.prune(s, space.candidates(s, [parent], [{}, *grids]), gpus)  # {}: the parent itself
         assert not options[0].pruned, options[0].findings
         best = min((c for c in options if not c.pruned),
-                   key=lambda c: len(differs(flat([*s.base, *c.case.overrides], gpus), target)))
-        parent = best.case.values
+                   key=lambda c: len(differs(flat(c.case.overrides, gpus), target)))
+        parent = best.values
         path.append(f"{stage.name}: {best.case.name}")
     final = space.prune(s, space.candidates(s, [parent], [{}]), gpus)[0]
-    missing = differs(flat([*s.base, *final.case.overrides], gpus), target)
+    missing = differs(flat(final.case.overrides, gpus), target)
     assert not missing, f"{preset}: no stage of conf/tune/default.yaml sets {missing} as the preset does; " \
         f"the path: {path}"
 
@@ -183,9 +184,9 @@ def test_a_candidate_is_composed_once_and_placed_afresh() -> None:
     """A search checks a candidate again in later stages: Hydra composes it once per process, and each check places
     its own copy (placing settles the `auto` options in place; the cached run stays as composed)."""
     overrides = ["model=tiny", "data=realistic", "train.iterations=13"]
-    run, res = cases.placed_resolved(overrides, 1)
-    hits = cases._composed.cache_info().hits
-    again, res_again = cases.placed_resolved(overrides, 1)
-    assert cases._composed.cache_info().hits == hits + 1
+    run, res = kit_case.placed_resolved(overrides, 1)
+    hits = kit_case._composed.cache_info().hits
+    again, res_again = kit_case.placed_resolved(overrides, 1)
+    assert kit_case._composed.cache_info().hits == hits + 1
     assert again is not run and res_again == res and res.auto  # the second check settled the options itself
-    assert cases._composed(tuple(overrides)).parallelism.kind == "auto"
+    assert kit_case._composed(tuple(overrides)).parallelism.kind == "auto"

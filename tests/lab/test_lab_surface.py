@@ -1,5 +1,6 @@
-"""The lab's one way of doing each thing, read from its source: one parser for every experiment, one case type, the
-torchrun command written once, and every process the lab starts going through vlmtrain.lab.runner."""
+"""The lab's one way of doing each thing, read from its source: the kit beneath the experiments, one parser for every
+experiment, one case type and its command line written once, the torchrun command written once, every process the
+lab starts going through vlmtrain.lab.kit.runner, and results files read and written through its store."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src" / "vlmtrain"
 LAB = SRC / "lab"
+KIT = LAB / "kit"
 
 
 def trees(folder: Path) -> dict[str, ast.Module]:
@@ -29,7 +31,7 @@ def test_every_experiment_is_reachable_from_the_one_parser(capsys: pytest.Captur
     no other lab module has a command line of its own (an argparse parser or a __main__ block) but the processes
     the runner starts; the aliases are the same experiments."""
     from vlmtrain import cli
-    from vlmtrain.lab import experiments
+    from vlmtrain.lab.kit import experiments
 
     registered = {module for module, _ in experiments.EXPERIMENTS.values()}
     for name, tree in trees(LAB).items():
@@ -55,24 +57,69 @@ def fields(cls: ast.ClassDef) -> set[str]:
 
 
 def test_every_named_run_is_one_case_type() -> None:
-    """No class but vlmtrain.lab.cases.Case, in the lab or the tests, is a *Case or carries a run's overrides: a
+    """No class but vlmtrain.lab.kit.case.Case, in the lab or the tests, is a *Case or carries a run's overrides: a
     spec's cases, tune's candidates, the preemption sizes, the acceptance suite, packing equivalence, the precision
-    recipes, Bridge's peers and the config bytes cases are Cases, and what needs more holds one."""
+    recipes, Bridge's peers, the resume, reliability and kill-checkpoint runs and the config bytes cases are Cases,
+    and what needs more holds one."""
     from vlmtrain.lab.bridge_benchmarks import H1
-    from vlmtrain.lab.cases import Case
-    from vlmtrain.lab.checks import acceptance, config_bytes, packing_equivalence, precision_parity, slurm_preempt
-    from vlmtrain.lab.spec import load
+    from vlmtrain.lab.checks import (
+        acceptance,
+        config_bytes,
+        kill_checkpoint,
+        packing_equivalence,
+        precision_parity,
+        reliability,
+        resume,
+        slurm_preempt,
+    )
+    from vlmtrain.lab.kit.case import Case
+    from vlmtrain.lab.kit.spec import load
     from vlmtrain.lab.tune import space
 
     others = [f"{name}:{node.name}" for name, tree in {**trees(LAB), **trees(ROOT / "tests")}.items()
               for node in ast.walk(tree) if isinstance(node, ast.ClassDef)
               and (node.name.endswith("Case") or "overrides" in fields(node))
-              and (name, node.name) != ("vlmtrain/lab/cases.py", "Case")]
+              and (name, node.name) != ("vlmtrain/lab/kit/case.py", "Case")]
     assert others == []
-    named = [*acceptance.CASES, *config_bytes.CASES, *packing_equivalence.CASES, *precision_parity.RECIPES,
-             *slurm_preempt.CASES.values(), H1.run, load("perf_h200").case({})]
+    named = [*(e.case for e in acceptance.CASES), *config_bytes.CASES, *packing_equivalence.CASES,
+             *precision_parity.RECIPES, *(p.case for p in slurm_preempt.CASES.values()), H1.run,
+             load("perf_h200").case({}), resume.case("r", "fsdp", Path("c")), reliability.tiny("t")]
     assert all(type(c) is Case for c in named)
+    assert {type(e).__name__ for e in acceptance.CASES} == {"Expected"} and set(kill_checkpoint.MODES) <= {
+        n.removeprefix("kill_ckpt_") for n in reliability.CHECKS}
     assert space.Candidate.__dataclass_fields__["case"].type == "Case"
+
+
+def test_the_kit_imports_no_experiment() -> None:
+    """vlmtrain.lab.kit (runner, store, case, spec, schedule, the experiment index) imports nothing of the lab
+    outside itself, at top level or in a function: an experiment builds on the kit, never the other way round. The
+    index names its experiments' modules as strings."""
+    def imported(tree: ast.Module) -> list[tuple[int, str]]:
+        return [(n.lineno, f"{n.module}.{a.name}" if isinstance(n, ast.ImportFrom) else a.name) for n in ast.walk(tree)
+                if isinstance(n, ast.Import | ast.ImportFrom) for a in n.names]
+
+    assert all(n.level == 0 for tree in trees(KIT).values() for n in ast.walk(tree) if isinstance(n, ast.ImportFrom))
+    outside = [f"{name}:{line} imports {target}" for name, tree in trees(KIT).items() for line, target in imported(tree)
+               if target.startswith("vlmtrain.lab.") and not target.startswith("vlmtrain.lab.kit.")]
+    assert outside == []
+    assert imported(ast.parse("from vlmtrain.lab import sweep\n")) == [(1, "vlmtrain.lab.sweep")]  # would be found
+    from vlmtrain.lab.kit import experiments
+
+    assert all(not m.startswith("vlmtrain.lab.kit") for m, _ in experiments.EXPERIMENTS.values())
+
+
+def test_results_files_are_read_and_written_through_the_store() -> None:
+    """No lab module but the store opens a results file: rows are read with store.read and written with
+    store.append / store.rewrite (a run's own metrics.jsonl is observe's, read by run_summary)."""
+    offenders = []
+    for name, tree in trees(LAB).items():
+        if name.endswith("lab/kit/store.py"):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and "read_jsonl(" in ast.unparse(node) and \
+                    "metrics.jsonl" not in ast.unparse(node) and "samples.jsonl" not in ast.unparse(node):
+                offenders.append(f"{name}:{node.lineno}: {ast.unparse(node)}")
+    assert offenders == []
 
 
 def test_the_torchrun_command_has_one_writer() -> None:
@@ -97,7 +144,7 @@ def test_every_process_the_lab_starts_goes_through_the_runner() -> None:
     runner's process group, log, timeout and GPU slot hold for every launch."""
     bypass = []
     for name, tree in trees(LAB).items():
-        if name.endswith("lab/runner.py"):
+        if name.endswith("lab/kit/runner.py"):
             continue
         for node in ast.walk(tree):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
@@ -112,7 +159,7 @@ def test_a_row_records_the_command_as_typed() -> None:
     notes begin `Found by \\`vlmtrain tune` is never the hand side of a comparison); other experiments as typed."""
     from argparse import Namespace
 
-    from vlmtrain.lab import experiments
+    from vlmtrain.lab.kit import experiments
     from vlmtrain.lab.tune import command
 
     tune = experiments.typed(Namespace(argv=["lab", "tune", "model=tiny", "--versus", "a=1 b=2"]))
@@ -121,3 +168,22 @@ def test_a_row_records_the_command_as_typed() -> None:
         "vlmtrain lab profile-step --step 5"
     assert experiments.command("vlmtrain.lab.checks.verification") == "vlmtrain lab verification"
     assert experiments.command("vlmtrain.lab.sweep") == "vlmtrain sweep"
+
+
+def test_the_documented_experiment_is_one() -> None:
+    """docs/benchmarks.md's "Adding an experiment" module imports from the kit alone, and its command line parses
+    the flags experiments share."""
+    import argparse
+    import re
+
+    doc = (ROOT / "docs" / "benchmarks.md").read_text().split("## Adding an experiment", 1)[1]
+    source = re.search(r"```python\n(.*?)```", doc, re.S).group(1)
+    assert {n.module for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ImportFrom)} <= {
+        "vlmtrain.lab.kit", "vlmtrain.lab.kit.baselines", "vlmtrain.lab.kit.case"}
+    module: dict[str, object] = {}
+    exec(compile(source, "docs/benchmarks.md", "exec"), module)  # noqa: S102 - the documented module, as written
+    ap = argparse.ArgumentParser()
+    module["add_arguments"](ap)  # type: ignore[operator]
+    args = ap.parse_args(["--repeats", "2", "--machine-run", "node7", "--budget-s", "60"])
+    assert (args.repeats, args.machine_run, args.budget_s, args.results.name) == (2, "node7", 60.0, "my_check.jsonl")
+    assert callable(module["run"]) and all(type(c).__name__ == "Case" for c in module["CASES"])  # type: ignore[union-attr]
