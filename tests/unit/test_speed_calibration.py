@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from vlmtrain.check import speed
-from vlmtrain.lab import experiments
 from vlmtrain.lab.calibrate import speed_check, speed_published
+from vlmtrain.lab.kit import experiments
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gpu_cases"
 CASES = ("tiny_3d_ep1_trainable_recompute-none_graph-none_1gpu",

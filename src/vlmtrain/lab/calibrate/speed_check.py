@@ -42,9 +42,8 @@ from vlmtrain.config import flops
 from vlmtrain.config.compose import CONF_DIR, compose
 from vlmtrain.config.resolve import Resolved, resolve
 from vlmtrain.config.schema import RunConfig
-from vlmtrain.lab import experiments, store
-from vlmtrain.lab.cases import Case
-from vlmtrain.observe import run_summary
+from vlmtrain.lab.kit import experiments, store
+from vlmtrain.lab.kit.case import Case
 
 ROOT = CONF_DIR.parent
 TARGET_PCT = 20.0
@@ -132,7 +131,7 @@ def groups(paths: list[Path]) -> list[Group]:
     """Every usable run, grouped by its overrides and GPU kind (a group's name: its first run's, with the kind)."""
     out: dict[str, Group] = {}
     for path in paths:
-        for r in run_summary.read_jsonl(path) if path.is_file() else []:
+        for r in store.read(path) if path.is_file() else []:
             if not usable(r):
                 continue
             ov = overrides(r["command"]) or []
@@ -331,7 +330,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.table:
-        print(markdown_table(run_summary.read_jsonl(args.out)), end="")
+        print(markdown_table(store.read(args.out)), end="")
         return 0
     if args.published:
         from vlmtrain.lab.calibrate import speed_published

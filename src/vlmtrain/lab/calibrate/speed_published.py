@@ -17,7 +17,7 @@ from vlmtrain.check.speed.calibration import Calibration
 from vlmtrain.check.speed.workload import from_samples
 from vlmtrain.config.compose import compose
 from vlmtrain.config.resolve import resolve
-from vlmtrain.lab.cases import Case
+from vlmtrain.lab.kit.case import Case
 
 BRIDGE = "https://github.com/NVIDIA-NeMo/Megatron-Bridge/blob/main/"
 
