@@ -118,3 +118,14 @@ def dry_run(bridge: object) -> Callable[..., tuple[int, str]]:
         return status, printed.getvalue()
 
     return _dry_run
+
+
+@pytest.fixture(autouse=True)
+def _bridge_patches_undone() -> Iterator[None]:
+    """Code a test ran in process (an export, the collate benchmark) may install Bridge replacements the way a
+    training process does; they are undone after it, so no later test on the worker sees them."""
+    import sys
+
+    yield
+    if (replace := sys.modules.get("vlmtrain.train.bridge_patches.replace")) is not None and replace.installed():
+        replace.uninstall()

@@ -76,7 +76,8 @@ def train_value(bridge_config: Path, section: str, key: str) -> str:
 
 def test_slurm_sweep(slurm: None, tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
-    cmd = [sys.executable, "train.py", "-m", *SLURM, f"hydra.sweep.dir={sweep}",
+    # a global batch the user set is kept, and refused where it does not divide (unset, the defaults would fit it)
+    cmd = [sys.executable, "train.py", "-m", *SLURM, "train.global_batch_size=8", f"hydra.sweep.dir={sweep}",
            "hardware=gb200,h100", "train.micro_batch_size=2,3"]
     start = time.monotonic()
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200)
@@ -87,9 +88,10 @@ def test_slurm_sweep(slurm: None, tmp_path: Path) -> None:
     # preflight: MBS 3 (GBS 8 is not a multiple of 3 x DP 2) is skipped on both hardware kinds, never submitted
     report = json.loads((sweep / "preflight.json").read_text())
     assert [s["job"] for s in report["skipped"]] == [
-        f"gpus_per_node={GPUS} dry_run=True hardware={h} train.micro_batch_size=3" for h in ("gb200", "h100")]
+        f"gpus_per_node={GPUS} dry_run=True train.global_batch_size=8 hardware={h} train.micro_batch_size=3"
+        for h in ("gb200", "h100")]
     expected = {i: (h, 2) for i, h in enumerate(("gb200", "h100"))}
-    assert report["launched"] == [[f"gpus_per_node={GPUS}", "dry_run=True", f"hardware={h}",
+    assert report["launched"] == [[f"gpus_per_node={GPUS}", "dry_run=True", "train.global_batch_size=8", f"hardware={h}",
                                    f"train.micro_batch_size={m}"] for h, m in expected.values()]
     dirs = run_dirs(sweep)
     assert sorted(dirs) == sorted(expected)

@@ -145,7 +145,7 @@ def test_tags_name_every_choice_data_kind_and_versions(run: RunConfig, read_back
     tags = set(read_back["run"]["tags"])
     assert {f"{g}:{c}" for g, c in run.choices.items()} <= tags
     assert {"parallelism:auto", "hardware:h200", "model:qwen3_vl_30b_a3b", "data:realistic", "data_kind:real",
-            "vision:trainable", "recompute:none", "cuda_graph:none", "dispatcher:auto"} <= tags
+            "vision:trainable", "recompute:auto", "cuda_graph:none", "dispatcher:auto"} <= tags
     assert {"megatron-bridge:0.6.2", "megatron-core:0.19.2", "transformer-engine:2.20.2", "torch:2.11.0"} <= tags
 
 
