@@ -4,6 +4,9 @@
 #   VLMTRAIN_COMMIT=<sha> bash scripts/device/steps.sh STEP
 # The steps, in the order to run them from the head whenever a GPU is at hand (each fits one 10-minute call on one
 # H100; minutes as measured on one, 2026-12-07, machine run boot-ee033fa5, after install.sh's ~70 s):
+#   gdn_varlen    the Gated DeltaNet's kernels packed vs each segment alone (vlmtrain lab gdn-varlen) at H2's and the tiny
+#                 model's shapes: not yet run; seconds of GPU work after FLA's first compile (the h2l2 first step's
+#                 compile took 120-153 s cold), so about 3-5 minutes on a fresh machine
 #   pack35tiny    packing equivalence of tiny Qwen3.5 (Gated DeltaNet + attention, boundaries controls); its row is
 #                 rewritten after every measured state, the case stops at BUDGET_S (default 540). Passed: 6.2 min
 #                 on a cold kernel cache (one training round)
@@ -35,6 +38,12 @@ case $step in
       --checks ${VERIFY_CHECKS:-parity_import parity_trained} --results "$OUT/verification.jsonl" --work /tmp/verif
     rc=$?
     logs /tmp/verif
+    ;;
+  gdn_varlen)
+    rc=0
+    for model in qwen35_vl_35b_a3b tiny_qwen35; do
+      timeout 280 python3 -m vlmtrain.cli lab gdn-varlen --model "$model" --results "$OUT/gdn_varlen.jsonl" || rc=$?
+    done
     ;;
   pack35tiny|pack35h2l2)
     case=$([ "$step" = pack35tiny ] && echo tiny-qwen35_kernels-default || echo h2-shape-l2-gdn-attn_kernels-default)

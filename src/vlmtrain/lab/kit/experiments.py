@@ -37,6 +37,8 @@ EXPERIMENTS = {
     "profile-step": ("vlmtrain.lab.profile_step", "one case of a spec with one step profiled, its summary as a row"),
     "ceiling": ("vlmtrain.lab.micro.ceiling", "bf16 matmul TFLOP/s at the model's GEMM shapes, each tower against it"),
     "vit-attention": ("vlmtrain.lab.micro.vit_attention", "the ViT's attention kernels alone at one packed row"),
+    "gdn-varlen": ("vlmtrain.lab.micro.gdn_varlen", "the Gated DeltaNet's kernels on a packed row against each segment "
+                                                   "alone, forward and gradients"),
     "logits-memory": ("vlmtrain.lab.micro.logits_memory", "bytes per logit of the cross entropy's implementations"),
     "collate-cpu": ("vlmtrain.lab.micro.collate_cpu", "what one packed row costs a data-loader worker (CPU)"),
     "memory-check": ("vlmtrain.lab.calibrate.memory_check", "the memory estimate against the measured peaks"),
