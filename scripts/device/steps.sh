@@ -17,6 +17,11 @@
 #                 BUDGET_S (540) and the same step on the same machine resumes it (h2l2_vit_levers: 12 runs, 2 calls)
 #   profile_ab    h2l2 unprofiled, then with train.profile_step=6 (PROFILE_EXTRA: e.g. train.profile_stacks=true):
 #                 how much the profiler stretches the profiled step and the others; about 3 min warm
+#   h2 SWEEP      on an H200: a sweep of conf/tune/perf_h200.yaml at benchmark H2 (defaults_h2: H2's defaults and
+#                 experiment=perf_h200_qwen35, alternating, 3 runs each): not yet run; H2 took 5.9 s a step unpacked
+#                 (2026-12-04), so about 2.5 minutes a run: two calls
+#   h2_bridge     on an H200: Megatron Bridge's own recipe at H2, 3 runs (vlmtrain lab bridge-recipe --benchmark h2)
+#                 and its vs_bridge_recipe; not yet run
 #   verify35      Qwen3.5 HF round trip, VERIFY_CHECKS of vlmtrain.lab.checks.verification (default parity_import
 #                 parity_trained; a whole family takes three calls: "parity_import parity_trained reload frozen",
 #                 then "resume", then "export_fsdp reload_fsdp frozen_fsdp"; about 20 min of calls per family)
@@ -60,6 +65,23 @@ case $step in
     rc=$?
     cp "$OUT/perf_h200.jsonl" /tmp/keep/perf.jsonl
     logs /tmp/runs
+    ;;
+  h2)
+    sweep=${2:?usage: steps.sh h2 SWEEP}
+    mkdir -p /tmp/keep && touch /tmp/keep/perf200.jsonl && cp /tmp/keep/perf200.jsonl "$OUT/perf_h200.jsonl"
+    timeout 590 python3 -m vlmtrain.cli sweep perf_h200 --sweep "$sweep" --budget-s "${BUDGET_S:-540}" \
+      --results "$OUT/perf_h200.jsonl" --out /tmp/runs
+    rc=$?
+    cp "$OUT/perf_h200.jsonl" /tmp/keep/perf200.jsonl
+    logs /tmp/runs
+    ;;
+  h2_bridge)
+    mkdir -p /tmp/keep && touch /tmp/keep/perf200.jsonl && cp /tmp/keep/perf200.jsonl "$OUT/perf_h200.jsonl"
+    timeout 590 python3 -m vlmtrain.cli lab bridge-recipe --benchmark h2 --repeats 3 --budget-s "${BUDGET_S:-540}" \
+      --results "$OUT/perf_h200.jsonl" --out /tmp/bridge
+    rc=$?
+    cp "$OUT/perf_h200.jsonl" /tmp/keep/perf200.jsonl
+    logs /tmp/bridge
     ;;
   profile_ab)
     timeout 590 python3 -m vlmtrain.cli lab profile-step --spec perf_h100 --case h2l2 --step 6 --ab 1 \

@@ -278,3 +278,18 @@ def test_qwen3_vl_235b_below_its_least_world_names_it_and_nothing_in_effect():
     assert "recompute=full with vision=frozen_with_projector" in tries  # vision is the user's to freeze
     bigger, res = placed("model=qwen3_vl_235b_a22b", "data=realistic", "hardware=gb200", "nodes=8")
     assert not preflight.errors(preflight.check(bigger, res))
+
+
+def test_the_qwen35_preset_is_what_the_plan_ranks_first_and_fits(tmp_path):
+    """experiment=perf_h200_qwen35 was chosen by the plan before any run: it fits the card without preflight.ignore
+    and the step-time model predicts it faster than H2's defaults on the same card (fewer micro-batches)."""
+    from vlmtrain.check import speed
+
+    best, best_res = placed("experiment=perf_h200_qwen35", tmp=str(tmp_path))
+    user, user_res = placed("model=qwen35_vl_35b_a3b", "model.num_layers=4", "data=realistic", "hardware=h200",
+                            "gpus_per_node=1", "train.seq_length=4096", tmp=str(tmp_path))
+    assert not best.preflight.ignore
+    assert memory.estimate(best, best_res).total <= memory.TIGHT * best.hardware.memory_gib
+    assert not [f for f in preflight.check(best, best_res) if f.severity == "error"]
+    assert best_res.grad_accum < user_res.grad_accum
+    assert speed.predicted(best, best_res).step_s < speed.predicted(user, user_res).step_s
