@@ -57,30 +57,22 @@ case $step in
     rc=$?
     logs "outputs/packing_equivalence/$case"
     ;;
-  h2l2)
-    sweep=${2:?usage: steps.sh h2l2 SWEEP}
-    mkdir -p /tmp/keep && touch /tmp/keep/perf.jsonl && cp /tmp/keep/perf.jsonl "$OUT/perf_h200.jsonl"
-    timeout 590 python3 -m vlmtrain.cli sweep perf_h100 --sweep "$sweep" --budget-s "${BUDGET_S:-540}" \
+  h2l2|h2)
+    sweep=${2:?usage: steps.sh $step SWEEP}
+    spec=$([ "$step" = h2l2 ] && echo perf_h100 || echo perf_h200)
+    mkdir -p /tmp/keep && touch "/tmp/keep/$spec.jsonl" && cp "/tmp/keep/$spec.jsonl" "$OUT/perf_h200.jsonl"
+    timeout 590 python3 -m vlmtrain.cli sweep "$spec" --sweep "$sweep" --budget-s "${BUDGET_S:-540}" \
       --results "$OUT/perf_h200.jsonl" --out /tmp/runs
     rc=$?
-    cp "$OUT/perf_h200.jsonl" /tmp/keep/perf.jsonl
-    logs /tmp/runs
-    ;;
-  h2)
-    sweep=${2:?usage: steps.sh h2 SWEEP}
-    mkdir -p /tmp/keep && touch /tmp/keep/perf200.jsonl && cp /tmp/keep/perf200.jsonl "$OUT/perf_h200.jsonl"
-    timeout 590 python3 -m vlmtrain.cli sweep perf_h200 --sweep "$sweep" --budget-s "${BUDGET_S:-540}" \
-      --results "$OUT/perf_h200.jsonl" --out /tmp/runs
-    rc=$?
-    cp "$OUT/perf_h200.jsonl" /tmp/keep/perf200.jsonl
+    cp "$OUT/perf_h200.jsonl" "/tmp/keep/$spec.jsonl"
     logs /tmp/runs
     ;;
   h2_bridge)
-    mkdir -p /tmp/keep && touch /tmp/keep/perf200.jsonl && cp /tmp/keep/perf200.jsonl "$OUT/perf_h200.jsonl"
+    mkdir -p /tmp/keep && touch /tmp/keep/perf_h200.jsonl && cp /tmp/keep/perf_h200.jsonl "$OUT/perf_h200.jsonl"
     timeout 590 python3 -m vlmtrain.cli lab bridge-recipe --benchmark h2 --repeats 3 --budget-s "${BUDGET_S:-540}" \
       --results "$OUT/perf_h200.jsonl" --out /tmp/bridge
     rc=$?
-    cp "$OUT/perf_h200.jsonl" /tmp/keep/perf200.jsonl
+    cp "$OUT/perf_h200.jsonl" /tmp/keep/perf_h200.jsonl
     logs /tmp/bridge
     ;;
   profile_ab)
