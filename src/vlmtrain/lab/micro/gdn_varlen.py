@@ -122,15 +122,16 @@ def run_check(fn: Callable[..., Any], grads: tuple[str, ...], inputs: dict[str, 
     import torch
 
     if packed:
-        t = {k: v.to(dtype).requires_grad_(k in grads) for k, v in inputs.items()}
+        t = {k: v.detach().to(dtype).requires_grad_(k in grads) for k, v in inputs.items()}
         cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=inputs["x"].device)
         loss, out = fn(t, s, cu)
         loss.backward()
         return {**{k: v.detach().float() for k, v in out.items()}, **{f"d_{k}": t[k].grad.float() for k in grads}}
     parts: list[dict[str, Any]] = []
-    weights = {k: v.to(dtype).requires_grad_(k in grads) for k, v in inputs.items() if k not in PER_TOKEN}
+    weights = {k: v.detach().to(dtype).requires_grad_(k in grads) for k, v in inputs.items()
+               if k not in PER_TOKEN}
     for start, end in itertools.pairwise([0, *itertools.accumulate(lengths)]):
-        t = {**weights, **{k: v[:, start:end].to(dtype).requires_grad_(k in grads) for k, v in inputs.items()
+        t = {**weights, **{k: v[:, start:end].detach().to(dtype).requires_grad_(k in grads) for k, v in inputs.items()
                            if k in PER_TOKEN}}
         loss, out = fn(t, s, None)
         loss.backward()
