@@ -17,6 +17,18 @@ def checkpoint(request, tiny_checkpoint) -> Path:
     return tiny_checkpoint(request.param)
 
 
+@pytest.fixture(scope="module")
+def batch(checkpoint) -> dict:
+    """The two-photo prompt through the checkpoint's processor, built once per checkpoint for every test."""
+    return hf_parity.inputs(checkpoint)
+
+
+@pytest.fixture(scope="module")
+def ref32(checkpoint, batch):
+    """The checkpoint's own FP32 logits on `batch`: the reference both mapping checks compare against."""
+    return cpu_logits(checkpoint, batch)
+
+
 def cpu_logits(hf_dir: Path, batch: dict, dtype=None):
     import torch
     from transformers import AutoModelForImageTextToText
@@ -27,8 +39,7 @@ def cpu_logits(hf_dir: Path, batch: dict, dtype=None):
         return model(**batch).logits[0].float()
 
 
-def test_prompt_carries_both_photos(checkpoint):
-    batch = hf_parity.inputs(checkpoint)
+def test_prompt_carries_both_photos(checkpoint, batch):
     grid = batch["image_grid_thw"]
     assert grid.shape[0] == hf_parity.PHOTOS
     # one image token per 2x2 merged patch, as the processor's own merge size makes them
@@ -42,15 +53,13 @@ def image_token_id(hf_dir: Path) -> int:
     return json.loads((hf_dir / "config.json").read_text())["image_token_id"]
 
 
-def test_logits_verdict_passes_the_same_model_and_fails_a_wrong_mapping(checkpoint, tmp_path):
+def test_logits_verdict_passes_the_same_model_and_fails_a_wrong_mapping(checkpoint, batch, ref32, tmp_path):
     from safetensors.torch import load_file, save_file
 
-    batch = hf_parity.inputs(checkpoint)
-    ref = cpu_logits(checkpoint, batch)
-    same = hf_parity.compare(ref, ref.clone())
+    same = hf_parity.compare(ref32, ref32.clone())
     assert same["passed"] and same["cosine"] > 0.999999 and same["max_abs_diff"] == 0.0
     # BF16 rounding of the same model stays inside the tolerance
-    assert hf_parity.compare(ref, ref.bfloat16().float())["passed"]
+    assert hf_parity.compare(ref32, ref32.bfloat16().float())["passed"]
     # a transposed square projection in every decoder layer (a mapping bug) is caught
     wrong = tmp_path / "wrong"
     shutil.copytree(checkpoint, wrong)
@@ -62,18 +71,16 @@ def test_logits_verdict_passes_the_same_model_and_fails_a_wrong_mapping(checkpoi
     for n in hit:
         weights[n] = weights[n].t().contiguous()
     save_file(weights, str(shard), metadata={"format": "pt"})
-    verdict = hf_parity.compare(ref, cpu_logits(wrong, batch))
+    verdict = hf_parity.compare(ref32, cpu_logits(wrong, batch))
     assert not verdict["passed"], verdict
 
 
-def test_swapped_norms_fail_the_fp32_control(checkpoint, tmp_path):
+def test_swapped_norms_fail_the_fp32_control(checkpoint, batch, ref32, tmp_path):
     """The first decoder layer's two norms swapped (a mapping mistake that a checkpoint of equal norms would hide)
     miss the FP32 control, where the same model in BF16 passes it."""
     import torch
     from safetensors.torch import load_file, save_file
 
-    batch = hf_parity.inputs(checkpoint)
-    ref32 = cpu_logits(checkpoint, batch)
     ref16 = cpu_logits(checkpoint, batch, torch.bfloat16)
     assert hf_parity.compare(ref16, ref16.clone(), ref32)["passed"]
     swapped = tmp_path / "swapped"

@@ -91,8 +91,8 @@ def test_slurm_sweep(slurm: None, tmp_path: Path) -> None:
         f"gpus_per_node={GPUS} dry_run=True train.global_batch_size=8 hardware={h} train.micro_batch_size=3"
         for h in ("gb200", "h100")]
     expected = {i: (h, 2) for i, h in enumerate(("gb200", "h100"))}
-    assert report["launched"] == [[f"gpus_per_node={GPUS}", "dry_run=True", "train.global_batch_size=8", f"hardware={h}",
-                                   f"train.micro_batch_size={m}"] for h, m in expected.values()]
+    assert report["launched"] == [[f"gpus_per_node={GPUS}", "dry_run=True", "train.global_batch_size=8",
+                                   f"hardware={h}", f"train.micro_batch_size={m}"] for h, m in expected.values()]
     dirs = run_dirs(sweep)
     assert sorted(dirs) == sorted(expected)
     assert not any("micro_batch_size=3" in p.name for p in sweep.iterdir())

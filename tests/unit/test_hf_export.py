@@ -164,7 +164,8 @@ def test_torch_dist_needs_a_gpu_and_says_so_first(tmp_path: Path, capsys: pytest
     assert not (tmp_path / "out").exists() and siblings(tmp_path / "out") == []
 
 
-def test_a_moved_hf_path_is_named_with_the_fix(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_moved_hf_path_is_named_with_the_fix(tiny_checkpoint, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
     """The run started from a HF checkpoint that has moved since: named up front (not transformers' "network
     issues" from its hub fallback), and `--hf-path` takes where it is now, checked against the run's model."""
     first = tiny_hf.build("qwen3_vl", tmp_path / "hf", num_layers=2)
@@ -178,7 +179,7 @@ def test_a_moved_hf_path_is_named_with_the_fix(tmp_path: Path, capsys: pytest.Ca
     assert f"put the checkpoint the run started from back at {first}, or pass --hf-path <the dir it moved to>" in err
     assert not out.exists()
     assert locate(run, None, out, str(moved)).run.model.hf_path == str(moved)
-    other = tiny_hf.build("qwen3_vl", tmp_path / "hf-other", num_layers=4)
+    other = tiny_checkpoint("qwen3_vl")  # the shared 4-layer one
     with pytest.raises(ExportError, match="model.num_layers=2 but config.json text_config.num_hidden_layers=4"):
         locate(run, None, out, str(other))
     # a run that started from no HF checkpoint has none to find: --hf-path would swap in another's config
@@ -226,10 +227,10 @@ def test_a_release_tracker_is_named_with_the_saved_iterations(tmp_path: Path,
     assert locate(run, 2, tmp_path / "out").iteration == 2
 
 
-def test_a_bad_hf_path_is_named_as_the_flag(tmp_path: Path) -> None:
+def test_a_bad_hf_path_is_named_as_the_flag(tiny_checkpoint, tmp_path: Path) -> None:
     """--hf-path pointing at no checkpoint is reported as --hf-path, the setting the user typed."""
-    first = tiny_hf.build("qwen3_vl", tmp_path / "hf", num_layers=2)
-    run, ckpt = run_dir(tmp_path, 2, f"model.hf_path={first}", "model.num_layers=2")
+    first = tiny_checkpoint("qwen3_vl")
+    run, ckpt = run_dir(tmp_path, 2, f"model.hf_path={first}", "model.num_layers=4")
     checkpoint(ckpt, 2)
     with pytest.raises(ExportError, match=f"--hf-path={tmp_path / 'nowhere'} has no config.json"):
         locate(run, None, tmp_path / "out", str(tmp_path / "nowhere"))

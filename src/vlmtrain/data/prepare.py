@@ -182,14 +182,15 @@ _SAID: set[str] = set()
 def lengths(run: RunConfig) -> rows.Lengths | None:
     """The exact lengths of the samples this run would train on and hold out (the good ones, after the hold-out
     split; cached), before any GPU work: the rows the defaults and preflight count. None where the data stage
-    cannot count them here (mock, Energon, hub data; missing or unusable data, which the data stage names)."""
+    cannot count them here (mock, Energon, hub data; missing or unusable data, which the data stage names), and
+    where it refuses the data (bad samples not skipped): counting them would import Bridge for a run that stops."""
     if run.data.kind == Kind.energon:
         return None
     try:
         proc = str(processor_dir(run))
         with _cache_lock(run):  # the lengths too: a run beside this one may be rewriting the checked copy they stat
             report = _scan(run, remote=False)
-            if report is None or len(report.bad) == report.samples:
+            if report is None or len(report.bad) == report.samples or (report.bad and not run.data.skip_bad_images):
                 return None
             prepared = Prepared(report, _good_source(run, report))
             held_report = _hold_out(run, report, prepared) if validating(run) else None
