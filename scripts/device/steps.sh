@@ -34,6 +34,9 @@ OUT=${OUT:?run on the device machine, where OUT is set}
 # A rank left over from an earlier call holds GPU memory: kill what nvidia-smi lists first (a throwaway machine
 # only: never on a shared node).
 for pid in $(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null); do kill -9 "$pid" 2>/dev/null; done
+# Sweep rows of earlier calls on this warm machine, so a repeated step resumes (the schedule skips recorded runs).
+restore() { mkdir -p /tmp/keep && touch "/tmp/keep/$1.jsonl" && cp "/tmp/keep/$1.jsonl" "$OUT/perf_h200.jsonl"; }
+keep() { cp "$OUT/perf_h200.jsonl" "/tmp/keep/$1.jsonl"; }
 logs() { (cd "$1" && find . -maxdepth 3 \( -name '*.log' -o -name '*.json' \) -print0 |
   tar czf "$OUT/$step-logs.tgz" --null -T -); }
 case $step in
@@ -60,19 +63,19 @@ case $step in
   h2l2|h2)
     sweep=${2:?usage: steps.sh $step SWEEP}
     spec=$([ "$step" = h2l2 ] && echo perf_h100 || echo perf_h200)
-    mkdir -p /tmp/keep && touch "/tmp/keep/$spec.jsonl" && cp "/tmp/keep/$spec.jsonl" "$OUT/perf_h200.jsonl"
+    restore "$spec"
     timeout 590 python3 -m vlmtrain.cli sweep "$spec" --sweep "$sweep" --budget-s "${BUDGET_S:-540}" \
       --results "$OUT/perf_h200.jsonl" --out /tmp/runs
     rc=$?
-    cp "$OUT/perf_h200.jsonl" "/tmp/keep/$spec.jsonl"
+    keep "$spec"
     logs /tmp/runs
     ;;
   h2_bridge)
-    mkdir -p /tmp/keep && touch /tmp/keep/perf_h200.jsonl && cp /tmp/keep/perf_h200.jsonl "$OUT/perf_h200.jsonl"
+    restore perf_h200
     timeout 590 python3 -m vlmtrain.cli lab bridge-recipe --benchmark h2 --repeats 3 --budget-s "${BUDGET_S:-540}" \
       --results "$OUT/perf_h200.jsonl" --out /tmp/bridge
     rc=$?
-    cp "$OUT/perf_h200.jsonl" /tmp/keep/perf_h200.jsonl
+    keep perf_h200
     logs /tmp/bridge
     ;;
   profile_ab)

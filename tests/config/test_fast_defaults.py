@@ -290,6 +290,6 @@ def test_the_qwen35_preset_is_what_the_plan_ranks_first_and_fits(tmp_path):
                             "gpus_per_node=1", "train.seq_length=4096", tmp=str(tmp_path))
     assert not best.preflight.ignore
     assert memory.estimate(best, best_res).total <= memory.TIGHT * best.hardware.memory_gib
-    assert not [f for f in preflight.check(best, best_res) if f.severity == "error"]
+    assert not preflight.errors(preflight.check(best, best_res))
     assert best_res.grad_accum < user_res.grad_accum
     assert speed.predicted(best, best_res).step_s < speed.predicted(user, user_res).step_s

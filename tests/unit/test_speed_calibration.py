@@ -76,10 +76,9 @@ def test_commands_are_spelled_as_they_ran() -> None:
 def test_a_command_without_a_world_ran_on_its_machines_gpus(tmp_path: Path, cache: Path) -> None:
     """A one-GPU row whose command names no world is composed on one GPU, not on the hardware's node of 8 (which
     splits its global batch 8 ways and predicts an eighth of its micro-batches); a command's own world is kept."""
-    assert speed_check.machine_world("python train.py hardware=h100", "1x NVIDIA H100 80GB HBM3") == [
-        "gpus_per_node=1"]
-    assert speed_check.machine_world("python train.py gpus_per_node=2", "2x NVIDIA H200") == []
-    assert speed_check.machine_world("python train.py nodes=2", "1x NVIDIA H200") == []
+    assert speed_check.machine_world(["hardware=h100"], "1x NVIDIA H100 80GB HBM3") == ["gpus_per_node=1"]
+    assert speed_check.machine_world(["gpus_per_node=2"], "2x NVIDIA H200") == []
+    assert speed_check.machine_world(["nodes=2"], "1x NVIDIA H200") == []
     row = json.loads((FIXTURES / CASES[0] / "case.json").read_text())
     bare = [a for a in row["command"].split() if not a.startswith("gpus_per_node=")]
     path = tmp_path / "rows.jsonl"

@@ -128,11 +128,11 @@ class Group:
         return int(hashlib.sha1(self.name.encode()).hexdigest(), 16) % HELD_OUT_EVERY == 0
 
 
-def machine_world(command: str, machine: str) -> list[str]:
-    """`gpus_per_node=N` from the row's machine ("1x NVIDIA H100 ...") where its command names no world: such a
+def machine_world(ov: list[str], machine: str) -> list[str]:
+    """`gpus_per_node=N` from the row's machine ("1x NVIDIA H100 ...") where its overrides name no world: such a
     command ran on that machine's GPUs, not on the hardware group's default node of 8."""
     n = re.match(r"(\d+)x ", machine)
-    if n is None or re.search(r"(^|\s)(\+{0,2})(gpus_per_node|nodes)=", command):
+    if n is None or any(a.lstrip("+").startswith(("gpus_per_node=", "nodes=")) for a in ov):
         return []
     return [f"gpus_per_node={n.group(1)}"]
 
@@ -144,7 +144,8 @@ def groups(paths: list[Path]) -> list[Group]:
         for r in store.read(path) if path.is_file() else []:
             if not usable(r):
                 continue
-            ov = [*(overrides(r["command"]) or []), *machine_world(r["command"], r["machine"])]
+            ov = overrides(r["command"]) or []
+            ov = [*ov, *machine_world(ov, r["machine"])]
             kind = gpu_kind(r["machine"])
             key = json.dumps([sorted(ov), kind])
             if key not in out:

@@ -67,11 +67,17 @@ def leaves(s: dict[str, int], total: int, seed: int = 0, device: str = "cuda") -
             "grad_conv": rand(1, total, channels), "grad_out": rand(1, total, hv, dv)}
 
 
-def conv(t: dict[str, Any], s: dict[str, int], cu: Any) -> tuple[Any, dict[str, Any]]:
+def _conv1d(t: dict[str, Any], cu: Any) -> Any:
+    """The q, k, v channels through FLA's causal conv as GatedDeltaNet.forward calls it."""
     from megatron.core.ssm.gated_delta_net.common import causal_conv1d
 
     y, _ = causal_conv1d(x=t["x"], weight=t["conv_weight"], bias=None, activation="silu", initial_state=None,
                          output_final_state=False, cu_seqlens=cu)
+    return y
+
+
+def conv(t: dict[str, Any], s: dict[str, int], cu: Any) -> tuple[Any, dict[str, Any]]:
+    y = _conv1d(t, cu)
     return (y * t["grad_conv"]).sum(), {"y": y}
 
 
@@ -88,11 +94,10 @@ def layer(t: dict[str, Any], s: dict[str, int], cu: Any) -> tuple[Any, dict[str,
     """GatedDeltaNet.forward's middle, as Megatron Core 0.19 writes it (gdn.py, common.py)."""
     import torch
     import torch.nn.functional as F  # noqa: N812
-    from megatron.core.ssm.gated_delta_net.common import causal_conv1d, chunk_gated_delta_rule, l2norm
+    from megatron.core.ssm.gated_delta_net.common import chunk_gated_delta_rule, l2norm
 
     hk, hv, dk, dv = s["key_heads"], s["value_heads"], s["key_head_dim"], s["value_head_dim"]
-    qkv, _ = causal_conv1d(x=t["x"], weight=t["conv_weight"], bias=None, activation="silu", initial_state=None,
-                           output_final_state=False, cu_seqlens=cu)
+    qkv = _conv1d(t, cu)
     n = qkv.shape[1]
     qk, v = torch.split(qkv, [2 * hk * dk, hv * dv], dim=-1)
     qk = l2norm(qk.reshape(1, n, -1, dk).contiguous())
@@ -167,14 +172,13 @@ def measure(fn: Callable[..., Any], grads: tuple[str, ...], s: dict[str, int], l
     inputs = leaves(s, sum(lengths), device=device)
     alone = run_check(fn, grads, inputs, s, lengths, torch.bfloat16, packed=False)
     packed = run_check(fn, grads, inputs, s, lengths, torch.bfloat16, packed=True)
-    vs_alone = compare(packed, alone)
+    vs_alone, out = compare(packed, alone), {}
     try:
         floor = compare(alone, run_check(fn, grads, inputs, s, lengths, torch.float32, packed=False))
     except Exception as e:  # a kernel without an FP32 path: judged by ABS_TOL alone, and said so
-        floor = {k: {"rel_err": 0.0, "cosine": 1.0} for k in vs_alone}
-        return {"packed_vs_alone": vs_alone, "rounding_floor": None, "floor_unavailable": f"{type(e).__name__}: {e}",
-                "changed": verdict(vs_alone, floor)}
-    return {"packed_vs_alone": vs_alone, "rounding_floor": floor, "changed": verdict(vs_alone, floor)}
+        floor, out["floor_unavailable"] = None, f"{type(e).__name__}: {e}"
+    judged = floor or {k: {"rel_err": 0.0} for k in vs_alone}
+    return {"packed_vs_alone": vs_alone, "rounding_floor": floor, **out, "changed": verdict(vs_alone, judged)}
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
